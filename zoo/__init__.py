@@ -1,0 +1,13 @@
+"""alstm-zoo: adaptive-parameterization language models with pretrained checkpoints.
+
+    import zoo
+    model = zoo.load("default")
+    model.score("The Dow rose 3.5% on Monday.")[0]["ppl"]
+    print(model.generate("the stock market", max_new_tokens=20, seed=0))
+"""
+
+from zoo.lm import LanguageModel
+from zoo.pretrained import ZooModel, load
+
+__all__ = ["LanguageModel", "ZooModel", "load"]
+__version__ = "0.1.0"

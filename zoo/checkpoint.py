@@ -1,0 +1,131 @@
+"""Hub-layout checkpoints: ``config.json`` + ``model.safetensors`` + ``vocab.json`` (+ ``README.md``).
+
+Loading is strict and never unpickles anything: every tensor the model expects must be in the
+file with its exact shape, nothing else may be, and each failure names the file and the tensor.
+Tied weights are stored once (the decoder aliases the embedding) and re-tied by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from zoo.lm import LanguageModel
+from zoo.registry import ARCHITECTURES
+from zoo.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, CARD_FILE = "config.json", "model.safetensors", "vocab.json", "README.md"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory is incomplete, corrupt or does not match its config."""
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(directory: str | os.PathLike, model: LanguageModel, tokenizer: Tokenizer,
+                    extra_config: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> Path:
+    """Write a checkpoint directory; ``dtype=torch.float16`` halves the file (loaded back as float32)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tied = model.tied_keys()
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
+             for k, v in model.state_dict().items() if k not in tied}
+    config = {
+        "zoo_format": FORMAT_VERSION,
+        "architecture": model.architecture,
+        "model_args": model.config,
+        "tokenizer": tokenizer.to_dict(),
+        "num_parameters": model.num_parameters(),
+        "torch_dtype": str(dtype or next(iter(state.values())).dtype).replace("torch.", ""),
+    }
+    config.update(extra_config or {})
+    tmp = out / (WEIGHTS_FILE + ".tmp")
+    save_file(state, str(tmp), metadata={"format": "pt", "tied": json.dumps(tied)})
+    os.replace(tmp, out / WEIGHTS_FILE)
+    _atomic_write_bytes(out / VOCAB_FILE, json.dumps(tokenizer.vocab, ensure_ascii=False).encode())
+    _atomic_write_bytes(out / CONFIG_FILE, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    return out
+
+
+def read_config(directory: str | os.PathLike) -> dict[str, Any]:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (a checkpoint directory holds {CONFIG_FILE}, {WEIGHTS_FILE}, "
+                              f"{VOCAB_FILE})")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    for key in ("architecture", "model_args", "tokenizer"):
+        if key not in config:
+            raise CheckpointError(f"{path}: no {key!r} entry")
+    if config["architecture"] not in ARCHITECTURES:
+        raise CheckpointError(f"{path}: unknown architecture {config['architecture']!r} "
+                              f"(registered: {', '.join(sorted(ARCHITECTURES))})")
+    return config
+
+
+def load_tokenizer(directory: str | os.PathLike, config: dict[str, Any]) -> Tokenizer:
+    path = Path(directory) / config["tokenizer"].get("vocab_file", VOCAB_FILE)
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing vocabulary file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(vocab, list) or not all(isinstance(t, str) for t in vocab):
+        raise CheckpointError(f"{path}: expected a JSON list of strings")
+    if len(vocab) != config["model_args"]["vocab_size"]:
+        raise CheckpointError(f"{path}: {len(vocab)} entries but config says vocab_size "
+                              f"{config['model_args']['vocab_size']}")
+    return Tokenizer(vocab, config["tokenizer"]["normalization"])
+
+
+def load_checkpoint(directory: str | os.PathLike) -> tuple[LanguageModel, Tokenizer, dict[str, Any]]:
+    """Build the model from ``config.json`` and load every tensor strictly; returns it in eval mode."""
+    directory = Path(directory)
+    config = read_config(directory)
+    tokenizer = load_tokenizer(directory, config)
+    try:
+        model = LanguageModel.from_config(config["model_args"])
+    except TypeError as e:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: model_args do not fit the architecture ({e})") from None
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{weights}: missing")
+    expected = {k: v for k, v in model.state_dict().items() if k not in model.tied_keys()}
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            stored = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+    except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
+        raise CheckpointError(f"{weights}: corrupt or truncated safetensors file ({e})") from None
+    missing = sorted(set(expected) - set(stored))
+    extra = sorted(set(stored) - set(expected))
+    if missing:
+        raise CheckpointError(f"{weights}: missing tensors {missing}")
+    if extra:
+        raise CheckpointError(f"{weights}: unexpected tensors {extra}")
+    for key, ref in expected.items():
+        if tuple(stored[key].shape) != tuple(ref.shape):
+            raise CheckpointError(f"{weights}: tensor {key!r} has shape {tuple(stored[key].shape)}, "
+                                  f"the config implies {tuple(ref.shape)}")
+        if not stored[key].dtype.is_floating_point and stored[key].dtype != ref.dtype:
+            raise CheckpointError(f"{weights}: tensor {key!r} has dtype {stored[key].dtype}, expected {ref.dtype}")
+    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in stored.items()}, strict=False)
+    model.eval()
+    return model, tokenizer, config

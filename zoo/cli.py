@@ -1,0 +1,270 @@
+"""The ``zoo`` command line. Bad input exits with status 2 and a one-line message, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4f}"
+    return str(v)
+
+
+def _load(args: argparse.Namespace):
+    import zoo
+
+    kwargs = {}
+    if getattr(args, "revision", None):
+        kwargs["revision"] = args.revision
+    return zoo.load(args.model, backend=getattr(args, "backend", "eager") or "eager", **kwargs)
+
+
+# -- commands ------------------------------------------------------------------------------------------------
+def cmd_list(args: argparse.Namespace) -> int:
+    from zoo.pretrained import catalog
+    from zoo.registry import architecture_names
+
+    if args.architectures:
+        names = architecture_names()
+        print(json.dumps(names) if args.json else "\n".join(names))
+        return 0
+    cat = catalog()
+    models = cat.get("models", {})
+    if args.json:
+        print(json.dumps({"default": cat.get("default"), "models": models}, indent=2))
+        return 0
+    print(f"{'name':40s} {'arch':10s} {'data':11s} {'params':>11s} {'valid':>8s} {'test':>8s}  metric")
+    for name, m in sorted(models.items()):
+        met = m.get("metrics", {})
+        flag = " (default)" if name == cat.get("default") else ""
+        print(f"{name:40s} {m.get('architecture', ''):10s} {m.get('dataset', ''):11s} "
+              f"{m.get('num_parameters', 0):>11,} {_fmt(met.get('valid', float('nan'))):>8s} "
+              f"{_fmt(met.get('test', float('nan'))):>8s}  {met.get('metric', '')}{flag}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    model = _load(args)
+    info = {"name": model.name, "source": model.source, "backend": model.backend,
+            "directory": str(getattr(model, "directory", "")), "architecture": model.lm.architecture,
+            "num_parameters": model.num_parameters, "vocab_size": len(model.tokenizer),
+            "normalization": model.tokenizer.normalization, "model_args": model.lm.config,
+            "dataset": model.config.get("dataset"), "metrics": model.config.get("metrics")}
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for k, v in info.items():
+            print(f"{k}: {json.dumps(v) if isinstance(v, dict) else v}")
+    return 0
+
+
+def _read_texts(args: argparse.Namespace) -> list[str]:
+    if args.text is not None and args.input is not None:
+        raise UsageError("give either --text or an input file, not both")
+    if args.text is not None:
+        texts = list(args.text)
+    else:
+        src = args.input or "-"
+        try:
+            raw = sys.stdin.buffer.read() if src == "-" else Path(src).read_bytes()
+        except OSError as e:
+            raise UsageError(f"cannot read {src}: {e.strerror}") from None
+        try:
+            content = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{src}: not valid UTF-8 (byte {e.start})") from None
+        texts = [line for line in content.splitlines() if line.strip()] if args.per_line else [content]
+    if not texts or all(not t.strip() for t in texts):
+        raise UsageError("nothing to score: the input is empty")
+    if any(not t.strip() for t in texts):
+        raise UsageError("empty text in the input")
+    return texts
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    texts = _read_texts(args)
+    model = _load(args)
+    report = model.score(texts, return_tokens=args.tokens, batch_size=args.batch_size, progress=True)
+    if args.json:
+        for res in report.texts:
+            print(json.dumps(res))
+        return 0
+    for i, res in enumerate(report.texts):
+        head = f"text {i + 1}: " if len(report) > 1 else ""
+        bpc = res["bits_per_char"]
+        print(f"{head}ppl {res['ppl']:.3f}  tokens {res['num_tokens']}  <unk> {res['num_unk']}  oov {res['oov']}  "
+              f"nll {res['nll']:.3f} nats  bits/token {res['bits_per_token']:.4f}"
+              + (f"  bits/char {bpc:.4f}" if bpc is not None else ""))
+        if args.tokens:
+            for tok in res["tokens"]:
+                print(f"  {tok['token']:>16s}  {tok['logprob']:9.4f}")
+    if len(report) > 1:
+        c = report.corpus
+        print(f"all {c['num_texts']} texts: ppl {c['ppl']:.3f}  tokens {c['num_tokens']}  <unk> {c['num_unk']}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    model = _load(args)
+    pieces = model.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    if args.json:
+        print(json.dumps({"prompt": args.prompt, "text": "".join(pieces)}))
+        return 0
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    model = _load(args)
+    res = model.evaluate(args.dataset, args.split, data_dir=args.data_dir, batch_size=args.batch_size,
+                         bptt=args.bptt)
+    res["model"] = model.name
+    if args.json:
+        print(json.dumps(res))
+    else:
+        extra = f"  bits/char {res['bits_per_char']:.4f}" if "bits_per_char" in res else ""
+        print(f"{model.name} {args.dataset}/{args.split}: ppl {res['ppl']:.3f}  avg nll {res['avg_nll']:.4f}  "
+              f"tokens {res['num_tokens']}{extra}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from zoo.train import Recipe, Trainer, recipe_path
+
+    try:
+        recipe = Recipe.load(recipe_path(args.recipe))
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    if args.epochs:
+        recipe.train.epochs = args.epochs
+    if args.max_minutes is not None:
+        recipe.train.max_minutes = args.max_minutes
+    run_dir = Path(args.run_dir or Path("runs") / recipe.name)
+    trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
+                      crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps)
+    result = trainer.run(resume=args.resume)
+    if result:
+        print(json.dumps({"run_dir": str(run_dir), "valid_ppl": result["valid"]["ppl"],
+                          "test_ppl": result["test"]["ppl"], "epochs": result["epochs_trained"]}))
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zoo", description="Adaptive-parameterization language models: "
+                                "pretrained weights, scoring, generation, training.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def model_cmd(name: str, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, or a checkpoint directory")
+        sp.add_argument("--backend", default="eager", choices=["eager", "torchscript", "onnx"],
+                        help="inference backend (default: eager PyTorch)")
+        sp.add_argument("--revision", help="Hub revision (tag, branch or commit) to load")
+        return sp
+
+    sp = sub.add_parser("list", help="list pretrained models")
+    sp.add_argument("--architectures", action="store_true", help="list the registered architectures instead")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_list)
+
+    sp = model_cmd("info", "describe a model and where it was loaded from")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_info)
+
+    sp = model_cmd("score", "score text: perplexity, bits per char, per-token log-probabilities")
+    sp.add_argument("input", nargs="?", help="a UTF-8 file, or - for standard input")
+    sp.add_argument("--text", action="append", help="text to score (repeatable: one result per text)")
+    sp.add_argument("--per-line", action="store_true", help="score each non-empty line of the input separately")
+    sp.add_argument("--tokens", action="store_true", help="include per-token log-probabilities")
+    sp.add_argument("--json", action="store_true", help="one JSON object per text")
+    sp.add_argument("--batch-size", type=int, default=16)
+    sp.set_defaults(func=cmd_score)
+
+    sp = model_cmd("generate", "sample text")
+    sp.add_argument("--prompt", default="")
+    sp.add_argument("--max-new-tokens", type=int, default=50)
+    sp.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    sp.add_argument("--top-k", type=int, default=0)
+    sp.add_argument("--top-p", type=float, default=1.0)
+    sp.add_argument("--seed", type=int)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_generate)
+
+    sp = model_cmd("eval", "standard corpus perplexity of a benchmark split")
+    sp.add_argument("--dataset", required=True, choices=["ptb", "ptb-char", "wikitext-2"])
+    sp.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    sp.add_argument("--data-dir", help="folder holding <dataset>/{train,valid,test}.txt (default: $ZOO_DATA_DIR "
+                    "or ../shared/data beside the checkout)")
+    sp.add_argument("--batch-size", type=int, default=10)
+    sp.add_argument("--bptt", type=int, default=70)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_eval)
+
+    sp = sub.add_parser("train", help="train a recipe (resumable)")
+    sp.add_argument("recipe", help="a recipe .toml file or a bundled recipe name")
+    sp.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    sp.add_argument("--run-dir", help="output folder (default: runs/<recipe name>)")
+    sp.add_argument("--data-dir")
+    sp.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    sp.add_argument("--epochs", type=int, help="override the recipe's epoch count")
+    sp.add_argument("--max-minutes", type=float, help="stop cleanly at the first epoch end past this budget")
+    sp.add_argument("--checkpoint-every-steps", type=int, default=0, help=argparse.SUPPRESS)
+    sp.add_argument("--crash-after-steps", type=int, default=0, help=argparse.SUPPRESS)
+    sp.set_defaults(func=cmd_train)
+
+    for extra in _extra_commands():
+        extra(sub)
+    return p
+
+
+def _extra_commands():
+    """Sub-commands contributed by optional modules (hub, export, serve)."""
+    from zoo import cli_extras
+
+    return cli_extras.COMMANDS
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_flush_denormal(True)
+    from zoo.checkpoint import CheckpointError
+    from zoo.data import DataError
+    from zoo.pretrained import ModelNotFoundError
+    from zoo.registry import UnknownArchitectureError
+
+    user_errors = (UsageError, ModelNotFoundError, CheckpointError, DataError, UnknownArchitectureError,
+                   ValueError, FileNotFoundError)
+    try:
+        return args.func(args) or 0
+    except user_errors as e:
+        print(f"zoo: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("zoo: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

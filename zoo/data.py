@@ -1,0 +1,119 @@
+"""Benchmark corpora (PTB, PTB-char, WikiText-2) read from a local data directory.
+
+Nothing is ever downloaded: the corpora live in a data dir chosen by, in order, an explicit
+argument (``--data-dir``), ``$ZOO_DATA_DIR``, or ``../shared/data`` beside the checkout. Token
+streams follow the AWD-LSTM / aLSTM ``data.py`` convention (split on whitespace, one ``<eos>``
+per line, vocabulary in first-occurrence order over train, valid, test), so perplexities are
+comparable with the published numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+EOS = "<eos>"
+UNK = "<unk>"
+SPLITS = ("train", "valid", "test")
+DATASETS = {
+    "ptb": "Penn Treebank, word level (Mikolov)",
+    "ptb-char": "Penn Treebank, character level (Mikolov)",
+    "wikitext-2": "WikiText-2 (v1, tokenised)",
+}
+
+
+class DataError(RuntimeError):
+    """The data directory or a corpus file is missing or unreadable."""
+
+
+def default_data_dir() -> Path:
+    """``../shared/data`` beside the checkout (the repository root is two levels above this file)."""
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
+    """The data dir from the argument, ``$ZOO_DATA_DIR`` or the default, in that order."""
+    if data_dir is not None:
+        return Path(data_dir)
+    env = os.environ.get("ZOO_DATA_DIR")
+    return Path(env) if env else default_data_dir()
+
+
+def corpus_files(dataset: str, data_dir: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Paths of ``train.txt``/``valid.txt``/``test.txt``; a clear error names what is missing."""
+    if dataset not in DATASETS:
+        raise DataError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    root = resolve_data_dir(data_dir)
+    files = {split: root / dataset / f"{split}.txt" for split in SPLITS}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise DataError(
+            f"dataset {dataset!r} not found: expected {', '.join(missing)} "
+            f"(set --data-dir or ZOO_DATA_DIR to the folder holding {dataset}/train.txt, valid.txt, test.txt)"
+        )
+    return files
+
+
+def read_tokens(path: Path) -> list[str]:
+    """Whitespace tokens of a file with one ``<eos>`` appended per line."""
+    tokens: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            tokens.extend(line.split())
+            tokens.append(EOS)
+    return tokens
+
+
+@dataclass
+class Corpus:
+    """A tokenised corpus: vocabulary (id order) and the three splits as id tensors."""
+
+    name: str
+    vocab: list[str]
+    train: Tensor
+    valid: Tensor
+    test: Tensor
+
+    def split(self, name: str) -> Tensor:
+        if name not in SPLITS:
+            raise DataError(f"unknown split {name!r}; use one of {', '.join(SPLITS)}")
+        return getattr(self, name)
+
+
+@lru_cache(maxsize=4)
+def _load_corpus_cached(dataset: str, root: str) -> Corpus:
+    files = corpus_files(dataset, root)
+    streams = {split: read_tokens(path) for split, path in files.items()}
+    index: dict[str, int] = {}
+    for split in SPLITS:
+        for tok in streams[split]:
+            if tok not in index:
+                index[tok] = len(index)
+    ids = {s: torch.tensor([index[t] for t in streams[s]], dtype=torch.long) for s in SPLITS}
+    return Corpus(dataset, list(index), ids["train"], ids["valid"], ids["test"])
+
+
+def load_corpus(dataset: str, data_dir: str | os.PathLike | None = None) -> Corpus:
+    """Load (and cache in-process) a corpus by name."""
+    return _load_corpus_cached(dataset, str(resolve_data_dir(data_dir)))
+
+
+def batchify(data: Tensor, batch_size: int) -> Tensor:
+    """Cut a token stream into ``batch_size`` contiguous columns: ``[rows, batch_size]`` (time-major)."""
+    rows = data.numel() // batch_size
+    if rows < 2:
+        raise DataError(f"a stream of {data.numel()} tokens is too short for batch size {batch_size}")
+    return data[: rows * batch_size].view(batch_size, rows).t().contiguous()
+
+
+def get_batch(source: Tensor, i: int, seq_len: int) -> tuple[Tensor, Tensor]:
+    """Inputs and targets ``[B, T]`` (batch-first) for rows ``i .. i+T`` of a batchified stream."""
+    seq_len = min(seq_len, source.shape[0] - 1 - i)
+    x = source[i:i + seq_len].t()
+    y = source[i + 1:i + 1 + seq_len].t()
+    return x, y

@@ -1,0 +1,137 @@
+"""The one language model of the zoo: embedding -> recurrent stack -> (tied) decoder.
+
+Every architecture plugs in as a :class:`~zoo.models.base.RecurrentStack`; this wrapper owns what
+is common to all of them and what the references place outside the cell: word-type embedding
+dropout (``dropoute``), locked dropout on the embedding output (``dropouti``) and on the last
+layer's output (``dropouto``), weight tying (Press & Wolf 2017; Inan et al. 2017), and the
+activation regularisers AR/TAR of AWD-LSTM (computed by the trainer from ``forward_hidden``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zoo.models.base import State, locked_mask
+from zoo.registry import build_stack
+
+
+class LanguageModel(nn.Module):
+    """A recurrent LM with a registered architecture.
+
+    Args:
+        vocab_size: output vocabulary size.
+        architecture: registered architecture name (``zoo list --architectures``).
+        arch_args: constructor arguments of the architecture (``hidden_size``, ``num_layers``, ...).
+        emb_size: embedding size; also the stack's output size when weights are tied.
+        tie_weights: share the embedding matrix with the decoder.
+        input_encoding: ``"embedding"`` (learned) or ``"onehot"`` (fixed identity, as in the
+            HyperNetworks character-level models; then ``emb_size`` is the vocabulary size).
+        output_size: the stack's output size when untied (default: ``arch_args["hidden_size"]``).
+        dropoute, dropouti, dropouto: embedding, input and output dropout rates.
+        init_range: ``U(-r, r)`` init of the embedding (and untied decoder weight); decoder bias 0.
+    """
+
+    def __init__(self, vocab_size: int, architecture: str, arch_args: dict[str, Any] | None = None,
+                 emb_size: int = 400, tie_weights: bool = True, input_encoding: str = "embedding",
+                 output_size: int | None = None, dropoute: float = 0.0, dropouti: float = 0.0,
+                 dropouto: float = 0.0, init_range: float = 0.1):
+        super().__init__()
+        arch_args = dict(arch_args or {})
+        if input_encoding not in ("embedding", "onehot"):
+            raise ValueError(f"input_encoding must be 'embedding' or 'onehot', got {input_encoding!r}")
+        if input_encoding == "onehot":
+            if tie_weights:
+                raise ValueError("a one-hot input has no embedding matrix to tie")
+            emb_size = vocab_size
+        self._config = dict(vocab_size=vocab_size, architecture=architecture, arch_args=arch_args,
+                            emb_size=emb_size, tie_weights=tie_weights, input_encoding=input_encoding,
+                            output_size=output_size, dropoute=dropoute, dropouti=dropouti,
+                            dropouto=dropouto, init_range=init_range)
+        self.vocab_size = vocab_size
+        self.architecture = architecture
+        self.tie_weights = tie_weights
+        self.input_encoding = input_encoding
+        self.dropoute, self.dropouti, self.dropouto = dropoute, dropouti, dropouto
+        if tie_weights:
+            out_size = emb_size
+        else:
+            out_size = output_size if output_size is not None else int(arch_args.get("hidden_size", emb_size))
+        if input_encoding == "embedding":
+            self.embedding = nn.Embedding(vocab_size, emb_size)
+            nn.init.uniform_(self.embedding.weight, -init_range, init_range)
+        else:
+            self.register_buffer("onehot", torch.eye(vocab_size), persistent=False)
+        self.rnn = build_stack(architecture, input_size=emb_size, output_size=out_size, **arch_args)
+        self.decoder = nn.Linear(out_size, vocab_size)
+        nn.init.zeros_(self.decoder.bias)
+        if tie_weights:
+            self.decoder.weight = self.embedding.weight
+        else:
+            nn.init.uniform_(self.decoder.weight, -init_range, init_range)
+
+    # -- configuration ----------------------------------------------------------------------------------
+    @property
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments (what ``config.json`` stores under ``model_args``)."""
+        return dict(self._config, arch_args=dict(self._config["arch_args"]))
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LanguageModel:
+        return cls(**config)
+
+    def num_parameters(self) -> int:
+        """Distinct trainable parameters (a tied matrix counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def tied_keys(self) -> dict[str, str]:
+        """State-dict keys that alias another key: ``{alias: canonical}``."""
+        return {"decoder.weight": "embedding.weight"} if self.tie_weights else {}
+
+    # -- computation --------------------------------------------------------------------------------------
+    def init_state(self, batch_size: int, device: torch.device | None = None) -> State:
+        return self.rnn.init_state(batch_size, device=device or self.decoder.weight.device,
+                                   dtype=self.decoder.weight.dtype)
+
+    def state_names(self) -> list[str]:
+        return self.rnn.state_names()
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        if self.input_encoding == "onehot":
+            return F.embedding(tokens, self.onehot.to(self.decoder.weight.dtype))
+        weight = self.embedding.weight
+        if self.training and self.dropoute > 0:
+            keep = weight.new_empty(weight.shape[0], 1).bernoulli_(1 - self.dropoute) / (1 - self.dropoute)
+            weight = weight * keep
+        return F.embedding(tokens, weight)
+
+    def forward_hidden(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, Tensor, Tensor, State]:
+        """Training forward: ``(logits [B,T,V], raw_out, dropped_out, state)``.
+
+        ``raw_out`` (undropped last-layer output) feeds TAR and ``dropped_out`` feeds AR, as in AWD-LSTM.
+        """
+        emb = self.embed(tokens)
+        if self.training:
+            mask = locked_mask(emb.shape[0], emb.shape[-1], self.dropouti, emb.device, emb.dtype)
+            if mask is not None:
+                emb = emb * mask.unsqueeze(1)
+        out, state = self.rnn(emb, state)
+        dropped = out
+        if self.training:
+            mask = locked_mask(out.shape[0], out.shape[-1], self.dropouto, out.device, out.dtype)
+            if mask is not None:
+                dropped = out * mask.unsqueeze(1)
+        return self.decoder(dropped), out, dropped, state
+
+    def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        """``tokens [B, T]`` (and a state, zeros if ``None``) -> ``(logits [B, T, V], state)``."""
+        logits, _, _, state = self.forward_hidden(tokens, state)
+        return logits, state
+
+    def step(self, token: Tensor, state: State) -> tuple[Tensor, State]:
+        """One generation step: ``token [B]`` -> ``(logits [B, V], state)``; never applies dropout."""
+        out, state = self.rnn.step(self.embed(token), state)
+        return self.decoder(out), state

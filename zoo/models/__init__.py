@@ -1,0 +1,1 @@
+"""Recurrent architectures: one file per architecture, each registered in :mod:`zoo.registry`."""

@@ -1,0 +1,171 @@
+"""Ready-to-use models: ``zoo.load(name_or_path)`` and the :class:`ZooModel` it returns.
+
+Resolution of a name (see also :mod:`zoo.hub`): an existing local directory is loaded as is; a
+catalogue name (``zoo list``) resolves to its copy bundled in the package. ``default`` is an
+alias for the catalogue's default model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoo.checkpoint import load_checkpoint, save_checkpoint
+from zoo.data import load_corpus
+from zoo.generation import SamplingParams, sample_ids, stream_text
+from zoo.lm import LanguageModel
+from zoo.scoring import ScoreReport, evaluate_stream, score_texts
+from zoo.tokenizer import Tokenizer
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CATALOG_FILE = PACKAGE_DIR / "catalog.json"
+BUNDLED_DIR = PACKAGE_DIR / "pretrained"
+
+
+class ModelNotFoundError(LookupError):
+    """A name is neither a local checkpoint directory nor a catalogue entry."""
+
+
+@lru_cache(maxsize=1)
+def _catalog_cached(mtime: float) -> dict[str, Any]:
+    return json.loads(CATALOG_FILE.read_text(encoding="utf-8"))
+
+
+def catalog() -> dict[str, Any]:
+    """The catalogue of pretrained models (``zoo/catalog.json``)."""
+    if not CATALOG_FILE.is_file():
+        return {"default": None, "models": {}}
+    return _catalog_cached(CATALOG_FILE.stat().st_mtime)
+
+
+def canonical_name(name: str) -> str:
+    """Resolve the ``default`` alias to a catalogue name."""
+    cat = catalog()
+    if name == "default":
+        if not cat.get("default"):
+            raise ModelNotFoundError("no default model is configured in the catalogue")
+        return cat["default"]
+    return name
+
+
+def resolve_local(name_or_path: str | os.PathLike) -> tuple[Path, str]:
+    """A checkpoint directory for a path or a bundled catalogue name, and which source it is."""
+    path = Path(name_or_path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return path, "local path"
+    name = canonical_name(str(name_or_path))
+    models = catalog().get("models", {})
+    if name not in models:
+        known = ", ".join(sorted(models)) or "none"
+        raise ModelNotFoundError(f"unknown model {str(name_or_path)!r}: not a checkpoint directory and not in the "
+                                 f"catalogue (known: {known}; see `zoo list`)")
+    bundled = BUNDLED_DIR / name
+    if bundled.is_dir():
+        return bundled, "bundled"
+    raise ModelNotFoundError(f"model {name!r} is in the catalogue but has no bundled copy; "
+                             f"fetch it with `zoo download {name}`")
+
+
+class ZooModel:
+    """A language model with its tokenizer: score, generate, evaluate, save.
+
+    ``runner`` is what computes logits: the eager :class:`LanguageModel` by default, or a
+    TorchScript / ONNX Runtime backend with the same ``init_state/forward/step`` calls.
+    """
+
+    def __init__(self, lm: LanguageModel, tokenizer: Tokenizer, config: dict[str, Any],
+                 source: str = "memory", name: str | None = None, runner: Any = None, backend: str = "eager"):
+        self.lm = lm.eval()
+        self.tokenizer = tokenizer
+        self.config = config
+        self.source = source
+        self.name = name or config.get("name", "model")
+        self.runner = runner if runner is not None else self.lm
+        self.backend = backend
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, source: str = "local path",
+                        name: str | None = None) -> ZooModel:
+        lm, tok, config = load_checkpoint(directory)
+        model = cls(lm, tok, config, source=source, name=name)
+        model.directory = Path(directory)
+        return model
+
+    def save_pretrained(self, directory: str | os.PathLike, extra_config: dict[str, Any] | None = None,
+                        dtype: torch.dtype | None = None) -> Path:
+        extra = {k: v for k, v in self.config.items()
+                 if k not in ("architecture", "model_args", "tokenizer", "num_parameters", "torch_dtype",
+                              "zoo_format")}
+        extra.update(extra_config or {})
+        return save_checkpoint(directory, self.lm, self.tokenizer, extra, dtype=dtype)
+
+    @property
+    def num_parameters(self) -> int:
+        return self.lm.num_parameters()
+
+    # -- the main API ---------------------------------------------------------------------------------
+    def score(self, texts: str | list[str], return_tokens: bool = False, batch_size: int = 16,
+              progress: bool = False) -> ScoreReport:
+        """Score one text or a list; see :mod:`zoo.scoring` for the fields and conventions."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be a str or a list of str")
+        return score_texts(self.runner, self.tokenizer, texts, return_tokens=return_tokens,
+                           batch_size=batch_size, progress=progress)
+
+    def stream(self, prompt: str = "", **sampling: Any) -> Iterator[str]:
+        """Yield generated text piece by piece (keywords of :class:`SamplingParams`)."""
+        params = SamplingParams(**sampling)
+        return stream_text(self.runner, self.tokenizer, prompt, params)
+
+    def generate(self, prompt: str = "", **sampling: Any) -> str:
+        """The generated continuation of ``prompt`` as text."""
+        return "".join(self.stream(prompt, **sampling))
+
+    def generate_ids(self, prompt: str = "", **sampling: Any) -> list[int]:
+        return list(sample_ids(self.runner, self.tokenizer, prompt, SamplingParams(**sampling)))
+
+    def evaluate(self, dataset: str, split: str = "test", data_dir: str | None = None, batch_size: int = 10,
+                 bptt: int = 70, progress: bool = True) -> dict[str, Any]:
+        """Corpus perplexity of a benchmark split with the standard stateful protocol."""
+        corpus = load_corpus(dataset, data_dir)
+        if corpus.vocab != self.tokenizer.vocab:
+            raise ValueError(f"model vocabulary does not match the {dataset} vocabulary")
+        res = evaluate_stream(self.runner, corpus.split(split), batch_size=batch_size, bptt=bptt,
+                              progress=progress, desc=f"{dataset}/{split}")
+        if self.tokenizer.is_char:
+            res["bits_per_char"] = res["bits_per_token"]
+        res.update(dataset=dataset, split=split)
+        return res
+
+    def __repr__(self) -> str:
+        return (f"ZooModel(name={self.name!r}, architecture={self.lm.architecture!r}, "
+                f"params={self.num_parameters:,}, source={self.source!r}, backend={self.backend!r})")
+
+
+def load(name_or_path: str | os.PathLike, backend: str = "eager", **kwargs: Any) -> ZooModel:
+    """Load a pretrained model by catalogue name (``zoo list``) or from a checkpoint directory."""
+    resolver = _hub_resolver()
+    directory, source = resolver(name_or_path, **kwargs) if resolver else resolve_local(name_or_path)
+    name = None if source == "local path" else canonical_name(str(name_or_path))
+    model = ZooModel.from_pretrained(directory, source=source, name=name)
+    if backend != "eager":
+        from zoo.backends import attach_backend
+        attach_backend(model, backend)
+    return model
+
+
+def _hub_resolver():
+    """The Hub-aware resolver when :mod:`zoo.hub` is available, else ``None`` (bundled/local only)."""
+    try:
+        from zoo.hub import resolve
+    except ImportError:
+        return None
+    return resolve

@@ -1,0 +1,152 @@
+"""Exact, stateful scoring of text and corpora.
+
+Conventions (the same for every architecture and backend):
+
+* Each text is scored from a zero state, its first token conditioned on one ``<eos>`` (the
+  sentence boundary the corpora use), and every token of the text, including the ``<eos>`` that
+  ends each line, is scored exactly once.
+* Long inputs are processed in chunks with the hidden state carried across chunks and no window
+  overlap, so the result equals one pass over the whole text while memory stays bounded.
+* Log base e (nats); ``bits_per_token = avg_nll / ln 2``; ``bits_per_char = nll / (ln 2 * characters
+  of the raw text)``; aggregates are token-weighted (not a mean of per-text perplexities).
+
+Everything here talks to a *runner*: an object with ``init_state(batch)`` and
+``forward(tokens [B, T], state) -> (logits [B, T, V], state)``. The eager :class:`zoo.lm.LanguageModel`
+is one; the TorchScript and ONNX Runtime backends are others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from zoo.data import batchify
+from zoo.tokenizer import Tokenizer
+
+LN2 = math.log(2.0)
+#: Upper bound on logits held at once (floats), which bounds memory for any text length.
+LOGIT_BUDGET = 1 << 24
+
+
+class Runner(Protocol):
+    def init_state(self, batch_size: int) -> tuple[Tensor, ...]: ...
+
+    def forward(self, tokens: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]: ...
+
+
+@dataclass
+class ScoreReport:
+    """Per-text results (dicts with the documented fields) plus a token-weighted corpus aggregate."""
+
+    texts: list[dict[str, Any]]
+    corpus: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.texts[i]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"texts": self.texts, "corpus": self.corpus}
+
+
+def summarize(nll: float, num_tokens: int, num_chars: int) -> dict[str, Any]:
+    """The metric fields shared by per-text results, aggregates and corpus evaluation."""
+    avg = nll / num_tokens if num_tokens else float("nan")
+    return {
+        "num_tokens": num_tokens,
+        "nll": nll,
+        "avg_nll": avg,
+        "ppl": math.exp(avg) if num_tokens else float("nan"),
+        "bits_per_token": avg / LN2 if num_tokens else float("nan"),
+        "bits_per_char": nll / (LN2 * num_chars) if num_chars else None,
+    }
+
+
+def _chunk_len(batch: int, vocab: int, cap: int = 256) -> int:
+    return max(1, min(cap, LOGIT_BUDGET // max(1, batch * vocab)))
+
+
+@torch.no_grad()
+def token_logprobs(runner: Runner, sequences: list[list[int]], bos_id: int, vocab_size: int) -> list[Tensor]:
+    """Log-probability of every token of every sequence (one float64 tensor per sequence).
+
+    Sequences are right-padded into one batch; an RNN is causal, so padding after a sequence's end
+    cannot change its scores, and batched scores equal one-at-a-time scores to float tolerance.
+    """
+    bsz = len(sequences)
+    longest = max(len(s) for s in sequences)
+    tgt = torch.full((bsz, longest), bos_id, dtype=torch.long)
+    for b, seq in enumerate(sequences):
+        tgt[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    inp = torch.cat([torch.full((bsz, 1), bos_id, dtype=torch.long), tgt[:, :-1]], dim=1)
+    state = runner.init_state(bsz)
+    out = torch.empty(bsz, longest, dtype=torch.float64)
+    step = _chunk_len(bsz, vocab_size)
+    for start in range(0, longest, step):
+        logits, state = runner.forward(inp[:, start:start + step], state)
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        out[:, start:start + step] = logp.gather(-1, tgt[:, start:start + step, None]).squeeze(-1).double()
+    return [out[b, : len(seq)] for b, seq in enumerate(sequences)]
+
+
+def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, return_tokens: bool = False,
+                batch_size: int = 16, progress: bool = False) -> ScoreReport:
+    """Score raw texts; see the module docstring for exactly what is counted."""
+    encs = [tokenizer.encode(t) for t in texts]
+    order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids))
+    logps: list[Tensor | None] = [None] * len(encs)
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for idx in tqdm(batches, desc="scoring", unit="batch", disable=not progress or len(batches) < 2):
+        for i, lp in zip(idx, token_logprobs(runner, [encs[i].ids for i in idx], tokenizer.eos_id,
+                                             len(tokenizer)), strict=True):
+            logps[i] = lp
+    results = []
+    for enc, lp in zip(encs, logps, strict=True):
+        assert lp is not None
+        res = summarize(float(lp.sum().neg()), len(enc.ids), enc.num_chars)
+        res["oov"] = enc.oov
+        res["num_unk"] = tokenizer.count_unk(enc)
+        if enc.oov_items:
+            res["oov_items"] = sorted(set(enc.oov_items))[:50]
+        if return_tokens:
+            res["tokens"] = [{"token": t, "id": i, "logprob": float(v)}
+                             for t, i, v in zip(enc.tokens, enc.ids, lp.tolist(), strict=True)]
+        results.append(res)
+    corpus = summarize(sum(r["nll"] for r in results), sum(r["num_tokens"] for r in results),
+                       sum(e.num_chars for e in encs))
+    corpus["num_texts"] = len(results)
+    corpus["oov"] = sum(r["oov"] for r in results)
+    corpus["num_unk"] = sum(r["num_unk"] for r in results)
+    return ScoreReport(results, corpus)
+
+
+@torch.no_grad()
+def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: int = 70,
+                    progress: bool = True, desc: str = "eval") -> dict[str, Any]:
+    """Standard corpus perplexity (AWD-LSTM / aLSTM protocol, without its off-by-one).
+
+    The stream is cut into ``batch_size`` contiguous columns; the state starts at zero and is
+    carried across ``bptt``-long chunks; every next-token prediction of every column is counted once.
+    """
+    data = batchify(stream, batch_size)
+    state = runner.init_state(batch_size)
+    nll, count = 0.0, 0
+    for i in tqdm(range(0, data.shape[0] - 1, bptt), desc=desc, unit="chunk", disable=not progress,
+                  leave=False):
+        seq = min(bptt, data.shape[0] - 1 - i)
+        x, y = data[i:i + seq].t(), data[i + 1:i + 1 + seq].t()
+        logits, state = runner.forward(x, state)
+        nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                       y.reshape(-1), reduction="sum"))
+        count += y.numel()
+    res = summarize(nll, count, 0)
+    res.pop("bits_per_char")
+    res.update(batch_size=batch_size, bptt=bptt)
+    return res
