@@ -144,18 +144,53 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_parallel(args: argparse.Namespace) -> int:
+    """Run several recipes as separate processes, ``--jobs`` at a time, each logging to its run dir."""
+    import subprocess
+    import time
+
+    from zoo.train import Recipe, recipe_path
+
+    pending = [recipe_path(r) for r in args.recipe]
+    running: list[tuple[subprocess.Popen, str]] = []
+    failed = []
+    passthrough = [f for flag, val in (("--data-dir", args.data_dir), ("--device", args.device),
+                                       ("--epochs", args.epochs), ("--max-minutes", args.max_minutes))
+                   if val is not None for f in (flag, str(val))] + (["--resume"] if args.resume else [])
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            path = pending.pop(0)
+            name = Recipe.load(path).name
+            run_dir = Path(args.run_dir or "runs") / name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            log = open(run_dir / "stdout.log", "a")
+            cmd = [sys.executable, "-m", "zoo.cli", "train", str(path), "--run-dir", str(run_dir), *passthrough]
+            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), name))
+            print(f"started {name} -> {run_dir}/stdout.log", flush=True)
+        for proc, name in list(running):
+            if proc.poll() is not None:
+                running.remove((proc, name))
+                print(f"{'finished' if proc.returncode == 0 else 'FAILED'} {name} (exit {proc.returncode})", flush=True)
+                if proc.returncode:
+                    failed.append(name)
+        time.sleep(1)
+    return 1 if failed else 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from zoo.train import Recipe, Trainer, recipe_path
 
+    if len(args.recipe) > 1:
+        return _train_parallel(args)
     try:
-        recipe = Recipe.load(recipe_path(args.recipe))
+        recipe = Recipe.load(recipe_path(args.recipe[0]))
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
     if args.epochs:
         recipe.train.epochs = args.epochs
     if args.max_minutes is not None:
         recipe.train.max_minutes = args.max_minutes
-    run_dir = Path(args.run_dir or Path("runs") / recipe.name)
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / recipe.name
     trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
                       crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps)
     result = trainer.run(resume=args.resume)
@@ -218,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_eval)
 
     sp = sub.add_parser("train", help="train a recipe (resumable)")
-    sp.add_argument("recipe", help="a recipe .toml file or a bundled recipe name")
+    sp.add_argument("recipe", nargs="+", help="recipe .toml file(s) or bundled recipe name(s)")
+    sp.add_argument("--jobs", type=int, default=1, help="with several recipes: how many train at once")
     sp.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     sp.add_argument("--run-dir", help="output folder (default: runs/<recipe name>)")
     sp.add_argument("--data-dir")

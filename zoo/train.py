@@ -415,11 +415,8 @@ class Trainer:
         self.pos = 0
 
     def _save_best(self) -> None:
-        dtype = getattr(torch, self.cfg.save_dtype)
-        model_cpu = self.model
-        save_checkpoint(self.run_dir / "best", model_cpu, self.tokenizer,
-                        {"name": self.recipe.name, "dataset": self.recipe.dataset,
-                         "recipe": self.recipe.to_dict()}, dtype=None if dtype == torch.float32 else dtype)
+        save_checkpoint(self.run_dir / "best", self.model, self.tokenizer,
+                        {"name": self.recipe.name, "dataset": self.recipe.dataset, "recipe": self.recipe.to_dict()})
 
     def finish(self) -> dict[str, Any]:
         """Evaluate the best checkpoint on valid and (once) on test; write ``eval.json``."""
@@ -432,6 +429,7 @@ class Trainer:
                                 bptt=self.cfg.eval_bptt, progress=self.progress, desc="valid(best)")
         test = evaluate_stream(runner, self.corpus.test, batch_size=self.cfg.test_batch_size,
                                bptt=self.cfg.eval_bptt, progress=self.progress, desc="test(best)")
+        release = self._write_release(valid, test)
         log = [json.loads(line) for line in (self.run_dir / "log.jsonl").read_text().splitlines()]
         epochs = [r for r in log if "epoch" in r and "valid_ppl" in r]
         result = {
@@ -439,11 +437,33 @@ class Trainer:
             "num_parameters": self.model.num_parameters(), "valid": valid, "test": test,
             "epochs_trained": len(epochs), "best_epoch": min(epochs, key=lambda r: r["valid_loss"])["epoch"],
             "train_seconds": sum(r["seconds"] for r in epochs), "device": _device_name(self.device),
-            "world_size": self.world, "recipe": self.recipe.to_dict(),
+            "world_size": self.world, "recipe": self.recipe.to_dict(), "release": release,
         }
         (self.run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-        self._log_line({"event": "finished", "valid_ppl": valid["ppl"], "test_ppl": test["ppl"]})
+        self._log_line({"event": "finished", "best_valid_ppl": valid["ppl"], "best_test_ppl": test["ppl"]})
         return result
+
+    def _write_release(self, valid: dict[str, Any], test: dict[str, Any]) -> dict[str, Any]:
+        """Write ``release/``, the checkpoint to bundle, in ``save_dtype``; measure what the cast costs.
+
+        Half precision halves the zoo's size; the valid/test perplexity of the cast weights (computed
+        back in float32) is recorded next to the float32 numbers so the change is reported, not assumed.
+        """
+        dtype = getattr(torch, self.cfg.save_dtype)
+        model, tok, config = load_checkpoint(self.run_dir / "best")
+        release_dir = self.run_dir / "release"
+        extra = {k: config[k] for k in ("name", "dataset", "recipe") if k in config}
+        save_checkpoint(release_dir, model, tok, extra, dtype=None if dtype == torch.float32 else dtype)
+        if dtype == torch.float32:
+            return {"dtype": "float32", "valid": valid, "test": test}
+        cast, _, _ = load_checkpoint(release_dir)
+        runner = _DeviceRunner(cast.to(self.device), self.device)
+        rv = evaluate_stream(runner, self.corpus.valid, batch_size=self.cfg.eval_batch_size, bptt=self.cfg.eval_bptt,
+                             progress=self.progress, desc="valid(release)")
+        rt = evaluate_stream(runner, self.corpus.test, batch_size=self.cfg.test_batch_size, bptt=self.cfg.eval_bptt,
+                             progress=self.progress, desc="test(release)")
+        return {"dtype": self.cfg.save_dtype, "valid": rv, "test": rt,
+                "valid_ppl_change": rv["ppl"] / valid["ppl"] - 1, "test_ppl_change": rt["ppl"] / test["ppl"] - 1}
 
     def _log_line(self, rec: dict[str, Any]) -> None:
         if self.rank != 0:

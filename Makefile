@@ -1,0 +1,61 @@
+# Two entry points: `make demo` and `make test`. Everything they need is installed here, from PyPI and
+# Debian only (torch pinned to the local CPU wheel: an unpinned torch would pull a multi-GB CUDA build).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+OLAH_VENV := .venv-olah
+OLAH_STAMP := $(OLAH_VENV)/.installed-stamp
+PORT ?= 7860
+
+.PHONY: demo test venv system-deps olah lint bench clean help
+
+help:
+	@echo "make demo   - create .venv, install, start the Gradio demo on 127.0.0.1:$(PORT) (offline)"
+	@echo "make test   - create .venv, install (plus Java 17 and Chromium where missing), run the suite"
+	@echo "make lint   - ruff"
+	@echo "make bench  - run the benchmarks (writes benchmarks/results/*.json)"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[all]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# olah (the local Hub mirror used by the Hub tests) pins psutil, so it lives in its own venv.
+$(OLAH_STAMP):
+	$(PYTHON) -m venv $(OLAH_VENV)
+	$(OLAH_VENV)/bin/pip install -q olah==0.5.4
+	touch $(OLAH_STAMP)
+
+olah: $(OLAH_STAMP)
+
+# Java 17 for TorchServe's frontend and Chromium for the browser test, from Debian, where missing.
+system-deps:
+	@if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then \
+		echo "installing openjdk-17-jdk-headless"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; fi
+	@if ! command -v chromium >/dev/null; then \
+		echo "installing chromium"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
+
+demo: venv
+	GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 $(PY) app.py --port $(PORT)
+
+test: venv olah system-deps
+	$(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+bench: venv
+	$(PY) benchmarks/cells.py
+	$(PY) benchmarks/backends.py
+	$(PY) benchmarks/serving.py
+
+clean:
+	rm -rf $(VENV) $(OLAH_VENV) .pytest_cache

@@ -1,0 +1,130 @@
+"""Training: a real (tiny) run end to end, kill -9 + resume equals uninterrupted, DDP equals one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from zoo.data import default_data_dir, resolve_data_dir
+from zoo.train import Recipe, Trainer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    """The first lines of the real PTB splits: a small corpus with the real format."""
+    src = resolve_data_dir(None) if resolve_data_dir(None).exists() else default_data_dir()
+    root = tmp_path_factory.mktemp("data")
+    (root / "ptb").mkdir()
+    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
+        lines = (src / "ptb" / f"{split}.txt").read_text().splitlines(keepends=True)[:n]
+        (root / "ptb" / f"{split}.txt").write_text("".join(lines))
+    return root
+
+
+def write_recipe(path: Path, arch: str = "alstm", optimizer: str = "adam", epochs: int = 2, dropout: float = 0.1,
+                 batch_size: int = 4, extra_train: str = "") -> Path:
+    arch_args = {"alstm": 'hidden_size = 16\nnum_layers = 2\nadapt_size = 4\ndropout_hidden = {d}\ndropout_adapt = {d}',
+                 "lstm": "hidden_size = 16\nnum_layers = 2\nweight_drop = {d}"}[arch].format(d=dropout)
+    path.write_text(f"""
+name = "tiny-{arch}"
+dataset = "ptb"
+seed = 7
+[model]
+architecture = "{arch}"
+emb_size = 8
+dropouti = {dropout}
+dropouto = {dropout}
+dropoute = {dropout}
+[model.arch_args]
+{arch_args}
+[train]
+epochs = {epochs}
+batch_size = {batch_size}
+bptt = 12
+variable_bptt = true
+optimizer = "{optimizer}"
+lr = 0.003
+clip = 5.0
+weight_decay = 1e-6
+eval_batch_size = 4
+test_batch_size = 1
+eval_bptt = 20
+save_dtype = "float16"
+{extra_train}
+""")
+    return path
+
+
+def zoo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zoo.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_training_run_writes_logs_best_release_and_eval(tmp_path, tiny_data):
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", epochs=2))
+    result = Trainer(recipe, tmp_path / "run", data_dir=str(tiny_data), progress=False).run()
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    epochs = [r for r in log if "valid_ppl" in r]
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    for key in ("train_loss", "valid_ppl", "lr", "seconds", "tokens_per_s"):
+        assert all(key in r for r in epochs)
+    assert epochs[1]["valid_ppl"] < epochs[0]["valid_ppl"] * 1.5
+    ev = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert ev["test"]["ppl"] == result["test"]["ppl"] and ev["epochs_trained"] == 2
+    assert ev["release"]["dtype"] == "float16" and abs(ev["release"]["test_ppl_change"]) < 0.01
+    assert (tmp_path / "run" / "release" / "model.safetensors").stat().st_size < \
+        (tmp_path / "run" / "best" / "model.safetensors").stat().st_size
+    assert min(r["valid_loss"] for r in epochs) == pytest.approx(ev["valid"]["avg_nll"], rel=1e-5)
+
+
+def test_kill_and_resume_matches_uninterrupted(tmp_path, tiny_data):
+    recipe = write_recipe(tmp_path / "r.toml", epochs=2)
+    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu"]
+    ok = zoo(*base, "--run-dir", str(tmp_path / "a"))
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    # a mid-epoch checkpoint every 3 steps, then SIGKILL after 8 steps (in epoch 1), then resume
+    crashed = zoo(*base, "--run-dir", str(tmp_path / "b"), "--checkpoint-every-steps", "3", "--crash-after-steps", "8")
+    assert crashed.returncode == -9
+    assert (tmp_path / "b" / "checkpoint" / "meta.json").is_file()
+    resumed = zoo(*base, "--run-dir", str(tmp_path / "b"), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    wa = load_file(str(tmp_path / "a" / "checkpoint" / "state.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "checkpoint" / "state.safetensors"))
+    for k in wa:
+        if k.startswith("model."):
+            torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
+    la = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines() if '"valid_ppl"' in x]
+    lb = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines() if '"valid_ppl"' in x]
+    assert [r["epoch"] for r in lb] == [1, 2]
+    assert [r["valid_ppl"] for r in la] == [r["valid_ppl"] for r in lb]
+
+
+def test_torchrun_two_processes_match_one_process(tmp_path, tiny_data):
+    """DDP over 2 gloo processes on the same global batch gives the single-process weights (no dropout)."""
+    recipe = write_recipe(tmp_path / "r.toml", arch="lstm", optimizer="sgd", epochs=1, dropout=0.0,
+                          extra_train="variable_bptt = false\nlr_decay = 1.0").read_text()
+    recipe = recipe.replace("variable_bptt = true\n", "").replace("lr = 0.003", "lr = 1.0")
+    (tmp_path / "r2.toml").write_text(recipe)
+    single = zoo("train", str(tmp_path / "r2.toml"), "--data-dir", str(tiny_data), "--device", "cpu",
+                 "--run-dir", str(tmp_path / "one"))
+    assert single.returncode == 0, single.stderr[-2000:]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+                "-m", "zoo.cli", "train", str(tmp_path / "r2.toml"), "--data-dir", str(tiny_data),
+                "--device", "cpu", "--run-dir", str(tmp_path / "two")]
+    res = subprocess.run(torchrun, capture_output=True, text=True, cwd=REPO, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    w1 = load_file(str(tmp_path / "one" / "checkpoint" / "state.safetensors"))
+    w2 = load_file(str(tmp_path / "two" / "checkpoint" / "state.safetensors"))
+    for k in w1:
+        if k.startswith("model."):
+            torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-5, msg=k)
