@@ -27,7 +27,8 @@ NORMALIZATIONS = ("ptb", "wikitext", "ptb-char")
 
 _PTB_CLITIC = re.compile(r"(\w)(n't)\b")
 _PTB_CLITIC2 = re.compile(r"(\w)('(?:s|re|ve|ll|d|m))\b")
-_PTB_TOKEN = re.compile(r"\$|%|&|n't|'(?:s|re|ve|ll|d|m)\b|[a-z0-9]+(?:[.\-&/][a-z0-9]+)*\.?|\S")
+_PTB_TOKEN = re.compile(r"<unk>|\$|%|&|n't|'(?:s|re|ve|ll|d|m)\b|[+\-]?\d+(?:[.,/:\-]\d+)*(?:s|th|st|nd|rd)?\b"
+                        r"|[^\W_]+(?:[.\-&/][^\W_]+)*\.?|\S")
 _NUMBER = re.compile(r"^[+\-]?(\d[\d,./\-]*)(s|th|st|nd|rd)?$")
 _WIKI_CLITIC = re.compile(r"(\w)('(?:s|t|re|ve|ll|d|m))\b")
 _WIKI_TOKEN = re.compile(r"\w+|@[-,.]@|[^\w\s]")
@@ -67,10 +68,19 @@ class Tokenizer:
 
     # -- normalisation ---------------------------------------------------------------------------------
     def _ptb_words(self, line: str) -> list[str]:
+        line = re.sub(r"(?<!\S)N(?!\S)", "0", line)  # an already-normalised number token stays a number
         line = _PTB_CLITIC2.sub(r"\1 \2", _PTB_CLITIC.sub(r"\1 \2", line.lower()))
-        words = []
-        for tok in _PTB_TOKEN.findall(line):
-            if tok == "%" or _NUMBER.match(tok):
+        words: list[str] = []
+        pieces: list[str] = []
+        for chunk in line.split():  # a chunk the vocabulary knows as is (e.g. "cities\\/abc") stays whole
+            if not self.is_char and chunk in self.index:
+                pieces.append(chunk)
+            else:
+                pieces.extend(_PTB_TOKEN.findall(chunk))
+        for tok in pieces:
+            if tok == UNK:
+                words.append(tok)
+            elif tok == "%" or _NUMBER.match(tok):
                 words.append("N")
             elif tok in ("$", "&") or tok[0].isalnum() or tok.startswith("'") or tok == "n't":
                 if tok.endswith(".") and (self.is_char or tok not in self.index):

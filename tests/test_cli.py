@@ -1,0 +1,89 @@
+"""The `zoo` command line: documented names, JSON output, and exit 2 with one line on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zoo.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list_architectures(capsys):
+    code, out, _ = run(capsys, "list", "--architectures")
+    assert code == 0 and out.split() == ["alstm", "hyperlstm", "lstm", "pnorm_gru"]
+
+
+def test_list_models_json(capsys):
+    code, out, _ = run(capsys, "list", "--json")
+    data = json.loads(out)
+    assert code == 0 and "models" in data and "default" in data
+
+
+def test_score_json_fields(capsys, tiny_checkpoint):
+    code, out, _ = run(capsys, "score", str(tiny_checkpoint), "--text", "the cat sat", "--text", "a dog", "--json",
+                       "--tokens")
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert code == 0 and len(lines) == 2
+    for res in lines:
+        for key in ("num_tokens", "nll", "avg_nll", "ppl", "bits_per_token", "bits_per_char", "oov", "tokens"):
+            assert key in res
+    assert lines[0]["num_tokens"] == 4
+
+
+def test_score_file_per_line_and_stdin(capsys, tiny_checkpoint, tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("the cat\n\na dog ran\n")
+    code, out, _ = run(capsys, "score", str(tiny_checkpoint), str(f), "--per-line", "--json")
+    assert code == 0 and len(out.splitlines()) == 2
+    proc = subprocess.run([sys.executable, "-m", "zoo.cli", "score", str(tiny_checkpoint), "-"], input=b"the mat",
+                          capture_output=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0 and b"ppl" in proc.stdout
+
+
+def test_generate_seeded(capsys, tiny_checkpoint):
+    args = ["generate", str(tiny_checkpoint), "--prompt", "the", "--max-new-tokens", "12", "--seed", "3", "--json"]
+    _, a, _ = run(capsys, *args)
+    _, b, _ = run(capsys, *args)
+    assert json.loads(a)["text"] == json.loads(b)["text"]
+
+
+def test_info(capsys, tiny_checkpoint):
+    code, out, _ = run(capsys, "info", str(tiny_checkpoint), "--json")
+    info = json.loads(out)
+    assert code == 0 and info["source"] == "local path" and info["architecture"] == "alstm"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["score", "no-such-model", "--text", "x"], "unknown model 'no-such-model'"),
+    (["score", "{ckpt}", "--text", ""], "empty"),
+    (["score", "{ckpt}", "{missing}"], "cannot read"),
+    (["score", "{ckpt}", "{binary}"], "not valid UTF-8"),
+    (["generate", "{ckpt}", "--temperature", "-1"], "temperature"),
+    (["generate", "{ckpt}", "--top-p", "0"], "top_p"),
+    (["eval", "{ckpt}", "--dataset", "ptb", "--data-dir", "{missing}"], "not found"),
+    (["train", "no-such-recipe"], "no recipe"),
+])
+def test_bad_input_exits_2_with_one_line(tiny_checkpoint, tmp_path, args, message):
+    binary = tmp_path / "bin.dat"
+    binary.write_bytes(b"\xff\xfe\x00abc")
+    fill = {"ckpt": str(tiny_checkpoint), "missing": str(tmp_path / "nope"), "binary": str(binary)}
+    argv = [a.format(**fill) for a in args]
+    proc = subprocess.run([sys.executable, "-m", "zoo.cli", *argv], capture_output=True, text=True, cwd=REPO,
+                          timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr

@@ -1,0 +1,47 @@
+"""Corpora: vocabulary sizes and token counts equal the data README's verified figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from zoo.data import DataError, batchify, corpus_files, get_batch, load_corpus, resolve_data_dir
+
+# (dataset, vocab, train, valid, test) from ../shared/data/README.md (tokens with one <eos> per line)
+COUNTS = [
+    ("ptb", 10_000, 929_589, 73_760, 82_430),
+    ("wikitext-2", 33_278, 2_088_628, 217_646, 245_569),
+    ("ptb-char", 50, 5_017_483, 393_043, 442_424),
+]
+
+
+@pytest.mark.parametrize("name,vocab,train,valid,test", COUNTS)
+def test_vocab_and_token_counts(name, vocab, train, valid, test):
+    c = load_corpus(name)
+    assert len(c.vocab) == vocab
+    assert (c.train.numel(), c.valid.numel(), c.test.numel()) == (train, valid, test)
+    assert c.vocab.count("<eos>") == 1
+
+
+def test_data_dir_resolution_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZOO_DATA_DIR", str(tmp_path / "env"))
+    assert resolve_data_dir(tmp_path / "arg") == tmp_path / "arg"
+    assert resolve_data_dir(None) == tmp_path / "env"
+    monkeypatch.delenv("ZOO_DATA_DIR")
+    assert resolve_data_dir(None).parts[-2:] == ("shared", "data")
+
+
+def test_missing_data_names_the_expected_files(tmp_path):
+    with pytest.raises(DataError, match=r"ptb/train\.txt.*ZOO_DATA_DIR"):
+        corpus_files("ptb", tmp_path)
+    with pytest.raises(DataError, match="unknown dataset"):
+        corpus_files("imagenet", tmp_path)
+
+
+def test_batchify_is_contiguous_columns():
+    import torch
+
+    data = torch.arange(23)
+    b = batchify(data, 4)
+    assert b.shape == (5, 4) and b[:, 1].tolist() == [5, 6, 7, 8, 9]
+    x, y = get_batch(b, 0, 3)
+    assert x.shape == (4, 3) and torch.equal(y, x + 1)

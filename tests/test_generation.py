@@ -1,0 +1,59 @@
+"""Generation: seeded sampling is reproducible, greedy is argmax, filters and limits hold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import tiny_lm, tiny_tokenizer
+from zoo.generation import SamplingParams, filter_logits
+from zoo.pretrained import ZooModel
+
+
+@pytest.fixture(scope="module")
+def model() -> ZooModel:
+    return ZooModel(tiny_lm("alstm", seed=1), tiny_tokenizer(), {"name": "tiny"})
+
+
+def test_same_seed_same_text(model):
+    a = model.generate("the cat", max_new_tokens=30, seed=5, stop_at_eos=False)
+    b = model.generate("the cat", max_new_tokens=30, seed=5, stop_at_eos=False)
+    c = model.generate("the cat", max_new_tokens=30, seed=6, stop_at_eos=False)
+    assert a == b and a != c
+
+
+def test_greedy_is_argmax_and_top_k_1_equals_greedy(model):
+    ids = model.generate_ids("the", max_new_tokens=8, temperature=0, stop_at_eos=False)
+    ctx = [model.tokenizer.eos_id, model.tokenizer.index["the"]]
+    for nxt in ids:
+        with torch.no_grad():
+            logits, _ = model.lm(torch.tensor([ctx]))
+        assert nxt == int(logits[0, -1].argmax())
+        ctx.append(nxt)
+    assert model.generate_ids("the", max_new_tokens=8, top_k=1, seed=3, stop_at_eos=False) == ids
+
+
+def test_stream_concatenates_to_generate(model):
+    kw = dict(max_new_tokens=20, seed=11, stop_at_eos=False)
+    assert "".join(model.stream("a dog", **kw)) == model.generate("a dog", **kw)
+
+
+def test_max_new_tokens_and_eos_stop(model):
+    assert len(model.generate_ids("", max_new_tokens=7, seed=0, stop_at_eos=False)) == 7
+    ids = model.generate_ids("", max_new_tokens=200, seed=0)
+    assert model.tokenizer.eos_id not in ids
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = torch.isfinite(filter_logits(logits, 0, 0.75))
+    assert kept.tolist() == [True, True, False, False]
+    assert torch.isfinite(filter_logits(logits, 0, 0.5)).tolist() == [True, False, False, False]
+    assert torch.isfinite(filter_logits(logits, 2, 1.0)).tolist() == [True, True, False, False]
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1),
+                                dict(max_new_tokens=-1), dict(max_new_tokens=10**6)])
+def test_invalid_parameters(kw):
+    with pytest.raises(ValueError):
+        SamplingParams(**kw)

@@ -1,0 +1,81 @@
+"""Scoring is exact, stateful, batch-invariant and chunk-invariant; corpus eval is standard perplexity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import zoo.scoring as scoring
+from tests.conftest import tiny_lm, tiny_tokenizer
+from zoo.pretrained import ZooModel
+
+TEXTS = ["The cat sat on the mat.", "a dog ran\nthe cat sat", "Mr. Smith's dog didn't run $ 5", "zebra"]
+
+
+@pytest.fixture(scope="module", params=["alstm", "hyperlstm", "pnorm_gru-p2", "lstm"])
+def model(request) -> ZooModel:
+    return ZooModel(tiny_lm(request.param), tiny_tokenizer(), {"name": "tiny"})
+
+
+def test_fields_and_definitions(model):
+    r = model.score(TEXTS[0], return_tokens=True)[0]
+    for key in ("num_tokens", "nll", "avg_nll", "ppl", "bits_per_token", "bits_per_char", "oov", "num_unk", "tokens"):
+        assert key in r
+    assert r["num_tokens"] == len(r["tokens"]) == 7  # the cat sat on the mat <eos>
+    assert r["nll"] == pytest.approx(-sum(t["logprob"] for t in r["tokens"]), rel=1e-9)
+    assert r["avg_nll"] == pytest.approx(r["nll"] / r["num_tokens"])
+    assert r["ppl"] == pytest.approx(math.exp(r["avg_nll"]))
+    assert r["bits_per_token"] == pytest.approx(r["avg_nll"] / math.log(2))
+    assert r["bits_per_char"] == pytest.approx(r["nll"] / math.log(2) / len(TEXTS[0]))
+
+
+def test_first_token_is_conditioned_on_eos(model):
+    """The first token's log-probability is the model's next-token distribution after one <eos>."""
+    r = model.score("the cat", return_tokens=True)[0]
+    with torch.no_grad():
+        logits, _ = model.lm(torch.tensor([[model.tokenizer.eos_id]]))
+    want = torch.log_softmax(logits[0, -1], -1)[model.tokenizer.index["the"]].item()
+    assert r["tokens"][0]["logprob"] == pytest.approx(want, abs=1e-5)
+
+
+def test_batched_equals_one_at_a_time(model):
+    batched = model.score(TEXTS, batch_size=8)
+    for text, res in zip(TEXTS, batched.texts, strict=True):
+        single = model.score(text)[0]
+        assert res["nll"] == pytest.approx(single["nll"], rel=1e-5)
+        assert res["num_tokens"] == single["num_tokens"]
+    c = batched.corpus
+    assert c["num_tokens"] == sum(r["num_tokens"] for r in batched.texts)
+    assert c["ppl"] == pytest.approx(math.exp(sum(r["nll"] for r in batched.texts) / c["num_tokens"]))
+
+
+def test_chunked_long_text_equals_one_pass(model, monkeypatch):
+    text = " ".join(["the cat sat on the mat"] * 40)
+    whole = model.score(text)[0]["nll"]
+    monkeypatch.setattr(scoring, "LOGIT_BUDGET", 3 * len(model.tokenizer))  # 3 tokens per chunk
+    assert model.score(text)[0]["nll"] == pytest.approx(whole, rel=1e-6)
+
+
+def test_unk_is_reported(model):
+    r = model.score("zebra giraffe the cat")[0]
+    assert r["oov"] == 2 and r["num_unk"] == 2 and set(r["oov_items"]) == {"zebra", "giraffe"}
+
+
+def test_corpus_eval_equals_independent_mean_nll(model):
+    """evaluate_stream == exp(mean NLL) computed in one pass per column, without chunking."""
+    torch.manual_seed(3)
+    stream = torch.randint(0, len(model.tokenizer), (523,))
+    res = scoring.evaluate_stream(model.runner, stream, batch_size=4, bptt=7, progress=False)
+    cols = stream[: (523 // 4) * 4].view(4, -1)
+    with torch.no_grad():
+        logits, _ = model.lm(cols[:, :-1])
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), cols[:, 1:].reshape(-1))
+    assert res["num_tokens"] == cols[:, 1:].numel()
+    assert res["ppl"] == pytest.approx(math.exp(nll.item()), rel=1e-5)
+
+
+def test_rejects_bad_types(model):
+    with pytest.raises(TypeError):
+        model.score(42)  # type: ignore[arg-type]
