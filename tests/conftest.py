@@ -14,14 +14,15 @@ from zoo.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 
+_ALSTM = {"hidden_size": 12, "num_layers": 2, "adapt_size": 4, "dropout_hidden": 0.0, "dropout_adapt": 0.0}
+
 #: Tiny constructor arguments per architecture variant (name -> (architecture, arch_args)).
 TINY_ARCHS: dict[str, tuple[str, dict]] = {
     "lstm": ("lstm", {"hidden_size": 12, "num_layers": 2}),
-    "alstm": ("alstm", {"hidden_size": 12, "num_layers": 2, "adapt_size": 4, "dropout_hidden": 0.0, "dropout_adapt": 0.0}),
-    "alstm-lstm": ("alstm", {"hidden_size": 12, "num_layers": 2, "adapt_size": 4, "dropout_hidden": 0.0, "dropout_adapt": 0.0, "adaptation_model": "lstm"}),
-    "alstm-ff": ("alstm", {"hidden_size": 12, "num_layers": 2, "adapt_size": 4, "dropout_hidden": 0.0, "dropout_adapt": 0.0, "adaptation_model": "feedforward"}),
-    "alstm-output": ("alstm", {"hidden_size": 12, "num_layers": 2, "adapt_size": 4, "dropout_hidden": 0.0, "dropout_adapt": 0.0, "policy": "output",
-                               "layer0_wraparound": False}),
+    "alstm": ("alstm", dict(_ALSTM)),
+    "alstm-lstm": ("alstm", dict(_ALSTM, adaptation_model="lstm")),
+    "alstm-ff": ("alstm", dict(_ALSTM, adaptation_model="feedforward")),
+    "alstm-output": ("alstm", dict(_ALSTM, policy="output", layer0_wraparound=False)),
     "hyperlstm": ("hyperlstm", {"hidden_size": 12, "num_layers": 1, "hyper_size": 6, "hyper_embedding_size": 3}),
     "hyperlstm-ln": ("hyperlstm", {"hidden_size": 12, "num_layers": 2, "hyper_size": 6, "hyper_embedding_size": 3,
                                    "use_layer_norm": True}),

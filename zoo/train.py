@@ -64,6 +64,9 @@ class TrainConfig:
     adam_betas: list[float] = field(default_factory=lambda: [0.0, 0.999])
     adam_eps: float = 1e-9
     nonmono: int = 5
+    # Zaremba et al. / TF ptb_word_lm: loss summed over the BPTT steps, averaged over the batch, so
+    # the gradient, the lr and the clip threshold are all relative to T x the mean loss.
+    time_summed_loss: bool = False
     alpha: float = 0.0  # AR
     beta: float = 0.0  # TAR
     eval_batch_size: int = 10
@@ -320,7 +323,7 @@ class Trainer:
             self.state = tuple(s.detach() for s in self.state)
         logits, raw, dropped, self.state = self.train_module(x, self.state)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        total = loss
+        total = loss * seq_len if self.cfg.time_summed_loss else loss
         if self.cfg.alpha:
             total = total + self.cfg.alpha * dropped.pow(2).mean()
         if self.cfg.beta:

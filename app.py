@@ -1,0 +1,609 @@
+"""The alstm-zoo Gradio demo: score with per-token surprisal, stream generation, browse the models,
+and watch the adaptation policy at work.
+
+A thin UI layer: scoring, sampling and the adaptation trace all come from the library
+(:mod:`zoo.pretrained`, :mod:`zoo.adaptation`); this file only validates input, formats results and
+wires the components. It runs offline on the bundled models plus any checkpoint directories given
+with ``--model-dir`` (repeatable) or ``ZOO_DEMO_MODELS`` (paths separated by ``os.pathsep``).
+
+    python app.py [--port 7860] [--host 127.0.0.1] [--model-dir DIR ...]
+
+Named API endpoints (gradio_client): ``/score``, ``/generate``, ``/adaptation``, ``/model_info``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import threading
+import unicodedata
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import gradio as gr  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+import zoo  # noqa: E402
+from zoo.adaptation import AdaptationTrace, trace_text  # noqa: E402
+from zoo.checkpoint import CheckpointError, read_config  # noqa: E402
+from zoo.pretrained import ZooModel, bundled_dir, catalog  # noqa: E402
+
+log = logging.getLogger("zoo.demo")
+REPO = Path(__file__).resolve().parent
+
+#: Input caps for a small shared CPU machine.
+MAX_CHARS = 20_000
+MAX_PROMPT_CHARS = 2_000
+MAX_NEW_TOKENS = 500
+MAX_TRACE_TOKENS = 500
+MAX_TEMPERATURE = 2.0
+MAX_TOP_K = 200
+#: Loaded models kept in memory (least recently used is dropped).
+CACHE_SIZE = 4
+#: Queue settings for a two-core machine: two model events at a time, 16 waiting at most.
+CONCURRENCY = 2
+QUEUE_SIZE = 16
+NONE_CHOICE = "(none)"
+LN2 = math.log(2.0)
+
+# YlOrRd for surprisal; blue-white-red for differences.
+SEQ_STOPS = [(255, 255, 255), (255, 237, 160), (254, 178, 76), (240, 59, 32), (128, 0, 38)]
+DIV_STOPS = [(33, 102, 172), (146, 197, 222), (255, 255, 255), (244, 165, 130), (178, 24, 43)]
+CSS = """
+.zoo-heat {line-height: 1.9; font-family: ui-monospace, monospace; font-size: 14px; word-wrap: break-word;}
+.zoo-heat .tok {padding: 1px 2px; border-radius: 3px; white-space: pre;}
+.zoo-pair {display: grid; grid-template-columns: 1fr 1fr; gap: 20px;}
+.zoo-legend {display: flex; align-items: center; gap: 8px; font-size: 12px; margin: 6px 0 12px 0;}
+.zoo-legend .bar {width: 220px; height: 12px; border: 1px solid #999; border-radius: 2px;}
+"""
+
+
+# -- input validation ------------------------------------------------------------------------------------
+def clean_text(text: Any, cap: int = MAX_CHARS, what: str = "text", allow_empty: bool = False) -> tuple[str, str]:
+    """The text to use and a notice ('' if none); raises ``gr.Error`` with one readable line."""
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise gr.Error(f"The {what} must be a string, not {type(text).__name__}.")
+    if not text.strip():
+        if allow_empty:
+            return "", ""
+        raise gr.Error(f"The {what} is empty: type or paste some {what}.")
+    if looks_binary(text):
+        raise gr.Error(f"The {what} looks like binary data (control or undecodable characters); paste plain text.")
+    notice = ""
+    if len(text) > cap:
+        notice = f"The {what} has {len(text):,} characters; only the first {cap:,} were used."
+        text = text[:cap]
+    return text, notice
+
+
+def looks_binary(text: str) -> bool:
+    """NUL bytes, or more than 5% control/replacement characters (tab, newline, return excepted)."""
+    if "\x00" in text:
+        return True
+    sample = text[:MAX_CHARS]
+    bad = sum(1 for ch in sample if ch == "\ufffd" or (unicodedata.category(ch) == "Cc" and ch not in "\t\n\r"))
+    return bad > 0.05 * len(sample)
+
+
+def as_int(value: Any, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or int(value) != value:
+        raise gr.Error(f"{name} must be an integer, got {value!r}.")
+    if not lo <= value <= hi:
+        raise gr.Error(f"{name} must be between {lo} and {hi}, got {int(value)}.")
+    return int(value)
+
+
+def as_float(value: Any, name: str, lo: float, hi: float, lo_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise gr.Error(f"{name} must be a number, got {value!r}.")
+    if value > hi or value < lo or (lo_open and value == lo):
+        raise gr.Error(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}.")
+    return float(value)
+
+
+# -- the models ---------------------------------------------------------------------------------------
+class ModelRegistry:
+    """The catalogue's bundled models plus extra checkpoint directories, loaded lazily into an LRU cache."""
+
+    def __init__(self, extra_dirs: Sequence[str | os.PathLike] = ()):
+        self.entries: dict[str, dict[str, Any]] = {}
+        cat = catalog()
+        for name, meta in sorted(cat.get("models", {}).items()):
+            directory = bundled_dir() / name
+            if (directory / "config.json").is_file():  # offline: only what is bundled
+                self.entries[name] = {"source": "bundled", "dir": directory, "meta": dict(meta)}
+        for directory in self._expand(extra_dirs):
+            try:
+                config = read_config(directory)
+            except CheckpointError as e:
+                raise ValueError(str(e)) from None
+            name = str(config.get("name") or directory.name)
+            if name in self.entries:
+                name = f"{name} ({directory})"
+            self.entries[name] = {"source": "local path", "dir": directory, "meta": self._meta_from_config(config)}
+        default = cat.get("default")
+        self.default = default if default in self.entries else next(iter(self.entries), None)
+        self._cache: OrderedDict[str, ZooModel] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _expand(paths: Sequence[str | os.PathLike]) -> list[Path]:
+        """A path is a checkpoint directory or a folder of checkpoint directories."""
+        out: list[Path] = []
+        for raw in paths:
+            path = Path(raw).expanduser()
+            if (path / "config.json").is_file():
+                out.append(path)
+            elif path.is_dir():
+                subs = [p for p in sorted(path.iterdir()) if (p / "config.json").is_file()]
+                if not subs:
+                    raise ValueError(f"{path}: no checkpoint directory (config.json) in it")
+                out.extend(subs)
+            else:
+                raise ValueError(f"{path}: not a directory")
+        return out
+
+    @staticmethod
+    def _meta_from_config(config: dict[str, Any]) -> dict[str, Any]:
+        metrics = config.get("metrics") if isinstance(config.get("metrics"), dict) else {}
+        return {"architecture": config.get("architecture"), "dataset": config.get("dataset"),
+                "num_parameters": config.get("num_parameters"), "metrics": metrics}
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def check(self, name: Any) -> str:
+        if not isinstance(name, str) or name not in self.entries:
+            known = ", ".join(self.entries) or "none (bundle a model or pass --model-dir)"
+            raise gr.Error(f"Unknown model {name!r}. Available: {known}.")
+        return name
+
+    def get(self, name: Any) -> ZooModel:
+        name = self.check(name)
+        with self._lock:
+            if name in self._cache:
+                self._cache.move_to_end(name)
+                return self._cache[name]
+            entry = self.entries[name]
+            try:
+                model = zoo.load(name) if entry["source"] == "bundled" else zoo.load(entry["dir"])
+            except Exception as e:  # a broken checkpoint must not take the app down
+                log.exception("loading %s failed", name)
+                raise gr.Error(f"Could not load model {name!r}: {e}") from None
+            model.name = name
+            self._cache[name] = model
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return model
+
+    def has_adaptation(self, name: str) -> bool:
+        return self.entries[name]["meta"].get("architecture") in ("alstm", "hyperlstm")
+
+    def table(self) -> list[list[Any]]:
+        rows = []
+        for name, entry in self.entries.items():
+            meta, met = entry["meta"], entry["meta"].get("metrics") or {}
+            params = meta.get("num_parameters")
+            rows.append([name + (" (default)" if name == self.default else ""), meta.get("architecture") or "",
+                         meta.get("dataset") or "", f"{params:,}" if isinstance(params, int) else "",
+                         _fmt(met.get("valid")), _fmt(met.get("test")), met.get("metric") or "", entry["source"]])
+        return rows
+
+    def card(self, name: str) -> str:
+        entry = self.entries[name]
+        for path in (entry["dir"] / "README.md", REPO / "model_cards" / f"{name}.md"):
+            if path.is_file():
+                text = path.read_text(encoding="utf-8", errors="replace")
+                if text.startswith("---"):  # drop the YAML front matter, the table shows its content
+                    end = text.find("\n---", 3)
+                    text = text[end + 4:] if end > 0 else text
+                return text.strip()
+        return f"*No model card bundled for `{name}`.*"
+
+    def curve(self, name: str) -> str | None:
+        """A training-curve image: the catalogue's ``training_curve``, an image beside the checkpoint, or one
+        drawn from the training run's ``log.jsonl`` (beside the checkpoint or in ``runs/<name>/``)."""
+        entry = self.entries[name]
+        hint = entry["meta"].get("training_curve") or entry["meta"].get("curve")
+        candidates = [entry["dir"] / hint, REPO / hint] if isinstance(hint, str) else []
+        candidates += [entry["dir"] / f for f in ("training_curve.png", "curve.png", "training_curve.jpg")]
+        candidates += [REPO / "model_cards" / f"{name}{s}" for s in ("-curve.png", "_curve.png", ".png")]
+        candidates += [p for ext in ("png", "jpg", "jpeg", "svg") for p in sorted(entry["dir"].glob(f"*.{ext}"))]
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is not None:
+            return str(found)
+        for log_file in (entry["dir"] / "log.jsonl", REPO / "runs" / name / "log.jsonl"):
+            if log_file.is_file():
+                return render_curve(log_file, name)
+        return None
+
+
+def render_curve(log_file: Path, name: str) -> str | None:
+    """Plot train/valid perplexity per epoch from a trainer's ``log.jsonl``; ``None`` if it has no epochs."""
+    epochs = []
+    for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "epoch" in rec and "valid_ppl" in rec:
+            epochs.append(rec)
+    if not epochs:
+        return None
+    fig = Figure(figsize=(6, 3.6), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    x = [r["epoch"] for r in epochs]
+    for key, label in (("train_ppl", "train"), ("valid_ppl", "valid")):
+        if all(key in r for r in epochs):
+            ax.plot(x, [r[key] for r in epochs], marker="o", ms=3, label=label)
+    ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("perplexity")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    ax.set_title(f"{name}: training curve ({log_file.name})", fontsize=10)
+    digest = hashlib.sha1(f"{log_file.resolve()}|{name}".encode()).hexdigest()[:16]
+    out = Path(tempfile.gettempdir()) / "zoo-demo-curves" / f"{digest}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return str(out)
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) and math.isfinite(value) else "–"
+
+
+# -- rendering ----------------------------------------------------------------------------------------------
+def _interp(stops: list[tuple[int, int, int]], t: float) -> tuple[int, int, int]:
+    t = min(1.0, max(0.0, t)) * (len(stops) - 1)
+    i = min(int(t), len(stops) - 2)
+    f = t - i
+    a, b = stops[i], stops[i + 1]
+    return tuple(round(a[k] + (b[k] - a[k]) * f) for k in range(3))  # type: ignore[return-value]
+
+
+def _css_gradient(stops: list[tuple[int, int, int]]) -> str:
+    return "linear-gradient(to right, " + ", ".join(f"rgb{s}" for s in stops) + ")"
+
+
+def heatmap_html(tokens: list[str], values: list[float], *, is_char: bool, vmax: float, caption: str,
+                 unit: str = "bits", diverging: bool = False, elem_class: str = "") -> str:
+    """The text, token by token, coloured by ``values``, with a legend; tooltips give the exact numbers."""
+    stops = DIV_STOPS if diverging else SEQ_STOPS
+    vmax = vmax if vmax > 0 else 1.0
+    parts = []
+    for tok, val in zip(tokens, values, strict=True):
+        t = (val / vmax + 1) / 2 if diverging else val / vmax
+        r, g, b = _interp(stops, t)
+        fg = "#fff" if 0.299 * r + 0.587 * g + 0.114 * b < 120 else "#111"
+        shown = "⏎" if tok == "<eos>" else (" " if is_char and tok == "_" else tok)
+        tip = html.escape(f"{tok}: {val:+.2f} {unit}" if diverging else f"{tok}: {val:.2f} {unit}", quote=True)
+        parts.append(f'<span class="tok" title="{tip}" data-value="{val:.4f}" '
+                     f'style="background-color: rgb({r},{g},{b}); color: {fg};">{html.escape(shown)}</span>')
+        if tok == "<eos>":
+            parts.append("<br>")
+        elif not is_char:
+            parts.append(" ")
+    lo = f"−{vmax:.1f}" if diverging else "0"
+    legend = (f'<div class="zoo-legend"><span>{html.escape(caption)}</span><span>{lo}</span>'
+              f'<span class="bar" style="background: {_css_gradient(stops)};"></span>'
+              f'<span>{"+" if diverging else ""}{vmax:.1f} {unit}</span></div>')
+    return f'<div class="zoo-heat {elem_class}">{legend}<div class="zoo-text">{"".join(parts)}</div></div>'
+
+
+def _score_one(model: ZooModel, text: str) -> dict[str, Any]:
+    res = model.score(text, return_tokens=True)[0]
+    toks = res["tokens"]
+    return {
+        "model": model.name, "architecture": model.lm.architecture, "num_parameters": model.num_parameters,
+        "perplexity": res["ppl"], "bits_per_char": res["bits_per_char"], "bits_per_token": res["bits_per_token"],
+        "num_tokens": res["num_tokens"], "num_unk": res["num_unk"], "oov": res["oov"],
+        "tokens": [t["token"] for t in toks], "surprisal_bits": [-t["logprob"] / LN2 for t in toks],
+        "is_char": model.tokenizer.is_char,
+    }
+
+
+def _summary_md(results: list[dict[str, Any]], diff: list[float] | None, notice: str) -> str:
+    head = "| | " + " | ".join(f"**{html.escape(r['model'])}**" for r in results) + " |"
+    rows = [head, "|---" * (len(results) + 1) + "|"]
+    fields = [("architecture", "architecture", str), ("perplexity", "perplexity", _fmt),
+              ("bits per character", "bits_per_char", _fmt), ("bits per token", "bits_per_token", _fmt),
+              ("tokens", "num_tokens", str), ("`<unk>` tokens", "num_unk", str),
+              ("out-of-vocabulary words", "oov", str)]
+    for label, key, f in fields:
+        rows.append(f"| {label} | " + " | ".join(f(r[key]) for r in results) + " |")
+    out = "\n".join(rows)
+    if diff is not None:
+        mean = sum(diff) / len(diff)
+        better = results[1]["model"] if mean > 0 else results[0]["model"]
+        out += (f"\n\nMean per-token surprisal difference (A − B): **{mean:+.3f} bits**; "
+                f"{html.escape(better)} predicts this text better on average.")
+    if notice:
+        out = f"⚠️ {notice}\n\n" + out
+    return out
+
+
+# -- event handlers ---------------------------------------------------------------------------------------
+def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
+    """The four endpoint functions, closed over one registry (tests build their own)."""
+
+    def score(text: str, model: str, compare: str | None = None) -> tuple[dict[str, Any], str, str]:
+        """Score ``text`` with ``model`` (and ``compare``): report, summary table, highlighted text."""
+        text, notice = clean_text(text)
+        if notice:
+            gr.Warning(notice)
+        names = [registry.check(model)]
+        if compare not in (None, "", NONE_CHOICE):
+            names.append(registry.check(compare))
+        results = [_score_one(registry.get(n), text) for n in names]
+        vmax = max(max(r["surprisal_bits"]) for r in results)
+        vmax = max(1.0, math.ceil(vmax))
+        blocks, diff, diff_note = [], None, ""
+        for tag, r in zip("AB", results, strict=False):
+            cap = f"{tag}: {r['model']} — surprisal −log₂ p(token | context)" if len(results) > 1 \
+                else f"{r['model']} — surprisal −log₂ p(token | context)"
+            blocks.append(heatmap_html(r["tokens"], r["surprisal_bits"], is_char=r["is_char"], vmax=vmax,
+                                       caption=cap, elem_class=f"model-{tag.lower()}"))
+        if len(results) == 2:  # A and B side by side, their difference below
+            blocks = ['<div class="zoo-pair">' + "".join(f"<div>{blk}</div>" for blk in blocks) + "</div>"]
+            a, b = results
+            if a["tokens"] == b["tokens"]:
+                diff = [x - y for x, y in zip(a["surprisal_bits"], b["surprisal_bits"], strict=True)]
+                dmax = max(0.5, max(abs(d) for d in diff))
+                blocks.append(heatmap_html(a["tokens"], diff, is_char=a["is_char"], vmax=dmax, diverging=True,
+                                           caption="A − B (red: A more surprised, blue: B more surprised)",
+                                           elem_class="model-diff"))
+            else:
+                diff_note = "The two models tokenise this text differently, so there is no per-token difference."
+                blocks.append(f"<p><em>{diff_note}</em></p>")
+        report = {"notice": notice, "models": results, "difference_bits": diff, "difference_note": diff_note,
+                  "num_chars": len(text)}
+        return report, _summary_md(results, diff, notice), "\n".join(blocks)
+
+    def generate(prompt: str, model: str, max_new_tokens: float = 50, temperature: float = 1.0,
+                 top_k: float = 0, top_p: float = 1.0, seed: float | None = 0) -> Iterator[str]:
+        """Stream the continuation of ``prompt``, one token at a time (each yield is the text so far)."""
+        prompt, notice = clean_text(prompt, cap=MAX_PROMPT_CHARS, what="prompt", allow_empty=True)
+        if notice:
+            gr.Warning(notice)
+        n = as_int(max_new_tokens, "max_new_tokens", 1, MAX_NEW_TOKENS)
+        temp = as_float(temperature, "temperature", 0.0, MAX_TEMPERATURE)
+        k = as_int(top_k, "top_k", 0, MAX_TOP_K)
+        p = as_float(top_p, "top_p", 0.0, 1.0, lo_open=True)
+        s = None if seed is None or seed == -1 else as_int(seed, "seed", 0, 2**63 - 1)
+        m = registry.get(model)
+        out = ""
+        yield out
+        for piece in m.stream(prompt, max_new_tokens=n, temperature=temp, top_k=k, top_p=p, seed=s):
+            out += piece
+            yield out
+
+    def adaptation(text: str, model: str) -> tuple[str, str, Figure | None, dict[str, Any]]:
+        """Trace how much the adaptation vectors change at each token: message, text, plot, data."""
+        text, notice = clean_text(text)
+        m = registry.get(model)
+        trace = trace_text(m.lm, m.tokenizer, text, max_tokens=MAX_TRACE_TOKENS)
+        if trace.truncated:
+            notice = (notice + " " if notice else "") + \
+                f"Only the first {MAX_TRACE_TOKENS:,} of {trace.total_tokens:,} tokens were traced."
+        if notice:
+            gr.Warning(notice)
+        data = dict(trace.to_dict(), model=m.name, architecture=m.lm.architecture, notice=notice)
+        if not trace.has_signals:
+            msg = (f"**{m.name}** ({m.lm.architecture}) has no input-dependent weights (it exposes no adaptation "
+                   f"signals), so there is nothing to plot. Pick an aLSTM (recurrent adaptation model) or a HyperLSTM.")
+            return msg, "", None, data
+        totals = trace.layer_total
+        mix = [math.sqrt(sum(v[t] ** 2 for v in totals.values())) for t in range(len(trace.tokens))]
+        text_html = heatmap_html(trace.tokens, mix, is_char=m.tokenizer.is_char, vmax=max(mix) or 1.0,
+                                 caption="change of all adaptation vectors at each token, ‖Δs‖₂", unit="",
+                                 elem_class="adapt-text")
+        msg = (f"**{m.name}** ({m.lm.architecture}): the plot shows, for each token, the L2 norm of the change "
+               f"of each adaptation vector from the previous token (one panel per layer). Large values mean the "
+               f"adaptation policy re-weights the layer strongly at that token.")
+        if notice:
+            msg = f"⚠️ {notice}\n\n{msg}"
+        return msg, text_html, adaptation_figure(trace, m.name), data
+
+    def model_info(model: str) -> tuple[str, dict[str, Any], str | None]:
+        """Card, details (parameters, data, metrics, configuration) and training curve of one model."""
+        name = registry.check(model)
+        entry = registry.entries[name]
+        details = dict(entry["meta"], name=name, source=entry["source"], directory=str(entry["dir"]))
+        try:
+            details["config"] = read_config(entry["dir"]).get("model_args")
+        except CheckpointError as e:
+            details["config_error"] = str(e)
+        curve = registry.curve(name)
+        details["training_curve"] = curve
+        return registry.card(name), details, curve
+
+    return {"score": score, "generate": generate, "adaptation": adaptation, "model_info": model_info}
+
+
+def adaptation_figure(trace: AdaptationTrace, title: str) -> Figure:
+    """One panel per layer, one line per adaptation vector, tokens along the x axis (HyperNetworks style)."""
+    layers = list(trace.changes)
+    n = len(trace.tokens)
+    fig = Figure(figsize=(11, 1.2 + 2.0 * len(layers)), dpi=100, layout="constrained")
+    axes = fig.subplots(len(layers), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, layer in zip(axes, layers, strict=True):
+        sigs = trace.changes[layer]
+        for k, (name, vals) in enumerate(sigs.items()):
+            ax.plot(range(n), vals, lw=1.2, label=name, color=_tab20(k))
+        ax.set_ylabel(f"layer {layer}\n‖Δ‖₂", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=min(6, len(sigs)), loc="upper right", frameon=False)
+    if n <= 80:
+        shown = ["⏎" if t == "<eos>" else ("␣" if t == "_" else t) for t in trace.tokens]
+        axes[-1].set_xticks(range(n), shown, rotation=90, fontsize=8)
+    else:
+        axes[-1].set_xlabel("token index")
+    fig.suptitle(f"{title}: step-to-step change of the adaptation vectors", fontsize=11)
+    return fig
+
+
+def _tab20(k: int) -> tuple[float, float, float]:
+    import matplotlib
+
+    return matplotlib.colormaps["tab20"](k % 20)[:3]
+
+
+# -- the UI -------------------------------------------------------------------------------------------------
+EXAMPLE = "the company said it expects to report a loss for the third quarter\nmr. smith declined to comment"
+
+
+def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
+    """The Blocks app over the bundled models plus ``model_dirs``."""
+    registry = ModelRegistry(model_dirs)
+    h = make_handlers(registry)
+    names = registry.names()
+    adaptive = [n for n in names if registry.has_adaptation(n)] or names
+    default = registry.default
+    cpu = {"concurrency_limit": CONCURRENCY, "concurrency_id": "cpu"}
+
+    with gr.Blocks(title="alstm-zoo demo") as demo:
+        gr.Markdown("# alstm-zoo: adaptive-parameterization language models\n"
+                    "Score text token by token, generate, compare models and watch the adaptation at work. "
+                    f"Inputs are capped at {MAX_CHARS:,} characters.")
+        if not names:
+            gr.Markdown("⚠️ **No models found.** Bundle one (`zoo/pretrained/`) or start with `--model-dir DIR`.")
+        with gr.Tabs():
+            with gr.Tab("Score", id="score"):
+                s_text = gr.Textbox(label="Text", lines=5, value=EXAMPLE, elem_id="score-text")
+                with gr.Row():
+                    s_model = gr.Dropdown(names, value=default, label="Model", allow_custom_value=True)
+                    s_cmp = gr.Dropdown([NONE_CHOICE] + names, value=NONE_CHOICE, label="Compare with",
+                                        allow_custom_value=True)
+                s_btn = gr.Button("Score", variant="primary", elem_id="score-btn")
+                s_sum = gr.Markdown(elem_id="score-summary")
+                s_html = gr.HTML(elem_id="score-heatmap")
+                with gr.Accordion("Raw report (JSON)", open=False):
+                    s_json = gr.JSON(label="report")
+                s_btn.click(h["score"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html], api_name="score", **cpu)
+
+            with gr.Tab("Generate", id="generate"):
+                g_prompt = gr.Textbox(label="Prompt", lines=2, value="the stock market", elem_id="gen-prompt")
+                g_model = gr.Dropdown(names, value=default, label="Model", allow_custom_value=True)
+                with gr.Row():
+                    g_n = gr.Slider(1, MAX_NEW_TOKENS, value=50, step=1, label="max_new_tokens")
+                    g_temp = gr.Slider(0.0, MAX_TEMPERATURE, value=1.0, step=0.05, label="temperature (0 = greedy)")
+                with gr.Row():
+                    g_k = gr.Slider(0, MAX_TOP_K, value=0, step=1, label="top-k (0 = off)")
+                    g_p = gr.Slider(0.05, 1.0, value=0.95, step=0.01, label="top-p")
+                    g_seed = gr.Number(value=0, precision=0, label="seed (-1 = random)")
+                with gr.Row():
+                    g_btn = gr.Button("Generate", variant="primary", elem_id="gen-btn")
+                    g_stop = gr.Button("Stop")
+                g_out = gr.Textbox(label="Continuation", lines=6, elem_id="gen-out")
+                ev = g_btn.click(h["generate"], [g_prompt, g_model, g_n, g_temp, g_k, g_p, g_seed], g_out,
+                                 api_name="generate", time_limit=300, **cpu)
+                g_stop.click(None, None, None, cancels=[ev])
+
+            with gr.Tab("Adaptation", id="adaptation"):
+                gr.Markdown("How much does the adaptation policy change the weights at each token? For an aLSTM "
+                            "the adaptation vectors π (and for a HyperLSTM the scaling vectors d and biases β) are "
+                            "recomputed at every step; the plot shows ‖s_t − s_{t−1}‖₂ per vector, per layer, "
+                            "as in the weight-change figure of the HyperNetworks paper.")
+                a_text = gr.Textbox(label="Text", lines=4, value=EXAMPLE, elem_id="adapt-text-in")
+                a_model = gr.Dropdown(names, value=adaptive[0] if adaptive else None, label="Model",
+                                      allow_custom_value=True)
+                a_btn = gr.Button("Trace the adaptation", variant="primary", elem_id="adapt-btn")
+                a_msg = gr.Markdown()
+                a_html = gr.HTML()
+                a_plot = gr.Plot(label="adaptation change per token", format="png")
+                with gr.Accordion("Raw trace (JSON)", open=False):
+                    a_json = gr.JSON(label="trace")
+                a_btn.click(h["adaptation"], [a_text, a_model], [a_msg, a_html, a_plot, a_json],
+                            api_name="adaptation", **cpu)
+
+            with gr.Tab("Models", id="models"):
+                gr.Dataframe(registry.table(), headers=["name", "architecture", "data", "parameters", "valid",
+                                                        "test", "metric", "source"],
+                             interactive=False, label="Catalogue (valid/test: perplexity or bits per character)")
+                m_model = gr.Dropdown(names, value=default, label="Model", allow_custom_value=True)
+                with gr.Row():
+                    with gr.Column(scale=3):
+                        m_card = gr.Markdown()
+                    with gr.Column(scale=2):
+                        m_curve = gr.Image(label="training curve", type="filepath", interactive=False)
+                        m_details = gr.JSON(label="details")
+                m_model.change(h["model_info"], m_model, [m_card, m_details, m_curve], api_name="model_info",
+                               concurrency_limit=CONCURRENCY)
+                if default:
+                    demo.load(h["model_info"], m_model, [m_card, m_details, m_curve], api_visibility="private")
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
+    demo.zoo_registry = registry  # type: ignore[attr-defined]
+    return demo
+
+
+def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool = True):
+    """Start the server (loopback by default); returns ``(app, local_url, share_url)`` when not blocking.
+
+    Only the model folders (cards, curve images) and the rendered curves may be served as files.
+    """
+    registry: ModelRegistry = demo.zoo_registry  # type: ignore[attr-defined]
+    allowed = [str(e["dir"]) for e in registry.entries.values()]
+    allowed += [str(REPO / "model_cards"), str(Path(tempfile.gettempdir()) / "zoo-demo-curves")]
+    return demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=not block,
+                       css=CSS, show_error=True, footer_links=["api", "gradio"], max_threads=8,
+                       allowed_paths=allowed)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    env_port = os.environ.get("GRADIO_SERVER_PORT", "").strip()
+    p = argparse.ArgumentParser(description="alstm-zoo Gradio demo (offline, on the bundled models)")
+    if env_port and not env_port.isdigit():
+        p.error(f"GRADIO_SERVER_PORT must be a port number, got {env_port!r}")
+    p.add_argument("--port", type=int, default=int(env_port) if env_port else 7860,
+                   help="port (default: $GRADIO_SERVER_PORT or 7860)")
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   help="address to bind (default 127.0.0.1)")
+    p.add_argument("--model-dir", action="append", default=[], metavar="DIR",
+                   help="extra checkpoint directory, or a folder of them (repeatable; also $ZOO_DEMO_MODELS)")
+    args = p.parse_args(argv)
+    if not 0 < args.port < 65536:
+        p.error(f"--port must be in 1..65535, got {args.port}")
+    return args
+
+
+def model_dirs_from(args: argparse.Namespace) -> list[str]:
+    env = [d for d in os.environ.get("ZOO_DEMO_MODELS", "").split(os.pathsep) if d.strip()]
+    return env + list(args.model_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)  # two events may run at once on a two-core machine: one core each
+    try:
+        demo = build_demo(model_dirs_from(args))
+    except ValueError as e:
+        print(f"app.py: error: {e}", file=sys.stderr)
+        return 2
+    launch(demo, args.host, args.port, block=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""The Gradio demo, driven through its public API with gradio_client against a real server on loopback.
+
+The app is launched once for the module over tiny checkpoints (an aLSTM, an LSTM and a HyperLSTM built
+with the real checkpoint code) plus whatever models are bundled, so it runs before any real model exists
+and exercises the real default once it is bundled. Every number the app returns is checked against the
+library computing the same thing in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import app  # noqa: E402
+from tests.conftest import REPO, TINY_ARCHS, tiny_lm, tiny_tokenizer  # noqa: E402
+from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
+from zoo.checkpoint import save_checkpoint  # noqa: E402
+from zoo.pretrained import ZooModel  # noqa: E402
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client.exceptions import AppError  # noqa: E402
+
+# gradio's queue triggers pandas deprecation warnings that are not this project's
+pytestmark = pytest.mark.filterwarnings("ignore:.*no_silent_downcasting", "ignore:The copy keyword is deprecated")
+
+TEXT = "the cat sat on the mat\na dog ran to the zebra"
+TINY = {"tiny-alstm": "alstm", "tiny-lstm": "lstm", "tiny-hyperlstm": "hyperlstm-ln"}
+
+
+def build_tiny_models(root: Path) -> Path:
+    """A folder of tiny checkpoints; the HyperLSTM's hyper weights are randomised so its d and beta move."""
+    tok = tiny_tokenizer()
+    for name, variant in TINY.items():
+        lm = tiny_lm(variant).eval()
+        if variant.startswith("hyper"):
+            gen = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for cell in lm.rnn.layers:
+                    cell.hyper_zw_weight.copy_(torch.randn(cell.hyper_zw_weight.shape, generator=gen))
+                    cell.hyper_beta.copy_(torch.randn(cell.hyper_beta.shape, generator=gen) * 0.3)
+        save_checkpoint(root / name, lm, tok, {"name": name, "dataset": "ptb"})
+    (root / "tiny-alstm" / "README.md").write_text("---\nlicense: mit\n---\n# tiny-alstm\nAn untrained test model.\n")
+    # a trainer-style log (as zoo.train writes it) from which the Models tab draws the training curve
+    log = [{"epoch": e, "train_ppl": 900.0 / e, "valid_ppl": 950.0 / e, "lr": 1.0} for e in (1, 2, 3)]
+    (root / "tiny-alstm" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory) -> Path:
+    return build_tiny_models(tmp_path_factory.mktemp("demo-models"))
+
+
+@pytest.fixture(scope="module")
+def served(model_root):
+    """(client, local_url, registry) of the app launched once for the module."""
+    demo = app.build_demo([model_root])
+    _, url, _ = app.launch(demo, port=free_port(), block=False)
+    client = gradio_client.Client(url, verbose=False)
+    try:
+        yield client, url, app.ModelRegistry([model_root])
+    finally:
+        client.close()
+        demo.close()
+
+
+def local(model_root: Path, name: str) -> ZooModel:
+    return ZooModel.from_pretrained(model_root / name, name=name)
+
+
+# -- the adaptation trace (library) ---------------------------------------------------------------------
+@pytest.mark.parametrize("variant", sorted(TINY_ARCHS))
+def test_trace_aligns_with_scoring_and_is_empty_without_signals(variant):
+    lm, tok = tiny_lm(variant).eval(), tiny_tokenizer()
+    trace = trace_text(lm, tok, TEXT)
+    expects_signals = bool(lm.rnn.adaptation_signals(lm.init_state(1)))
+    assert trace.has_signals == expects_signals
+    enc = tok.encode(TEXT)
+    assert trace.tokens == enc.tokens and trace.total_tokens == len(enc.ids)
+    if not expects_signals:
+        assert trace.changes == {} and trace.to_dict()["layer_total"] == {}
+        return
+    # the step path gives the same log-probabilities as the scorer's sequence path
+    ref = ZooModel(lm, tok, {}).score(TEXT, return_tokens=True)[0]["tokens"]
+    assert trace.logprobs == pytest.approx([t["logprob"] for t in ref], abs=1e-5)
+    for sigs in trace.changes.values():
+        for vals in sigs.values():
+            assert len(vals) == len(enc.ids) and all(v >= 0 and math.isfinite(v) for v in vals)
+
+
+def test_trace_values_are_norms_of_signal_differences():
+    lm, tok = tiny_lm("alstm").eval(), tiny_tokenizer()
+    ids = tok.encode("the cat sat").ids
+    trace = adaptation_trace(lm, ids, tok.eos_id)
+    state = lm.init_state(1)
+    seen = []
+    with torch.no_grad():
+        for t in [tok.eos_id] + ids:
+            _, state = lm.step(torch.tensor([t]), state)
+            seen.append(lm.rnn.adaptation_signals(state)["layer1.pi_hh"][0])
+    expected = [float((seen[i + 1] - seen[i]).norm()) for i in range(len(ids))]
+    assert trace.changes[1]["pi_hh"] == pytest.approx(expected, rel=1e-5)
+    assert max(expected) > 0
+    short = adaptation_trace(lm, ids, tok.eos_id, max_tokens=2)
+    assert short.truncated and len(short.tokens) == 2 and short.total_tokens == len(ids)
+    assert short.changes[1]["pi_hh"] == pytest.approx(expected[:2], rel=1e-5)
+
+
+# -- the app through gradio_client ------------------------------------------------------------------------
+def test_named_endpoints(served):
+    client, _, _ = served
+    named = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    for name in ("/score", "/generate", "/adaptation", "/model_info"):
+        assert name in named, sorted(named)
+
+
+def test_score_matches_library(served, model_root):
+    client, _, _ = served
+    report, summary, heat = client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, api_name="/score")
+    ref = local(model_root, "tiny-alstm").score(TEXT, return_tokens=True)[0]
+    (res,) = report["models"]
+    assert res["perplexity"] == pytest.approx(ref["ppl"], rel=1e-9)
+    assert res["bits_per_char"] == pytest.approx(ref["bits_per_char"], rel=1e-9)
+    assert res["num_tokens"] == ref["num_tokens"] and res["num_unk"] == ref["num_unk"] == 2  # "to", "zebra"
+    assert res["surprisal_bits"] == pytest.approx([-t["logprob"] / math.log(2) for t in ref["tokens"]])
+    assert heat.count('class="tok"') == ref["num_tokens"]
+    assert "perplexity" in summary and f"{ref['ppl']:.2f}" in summary
+
+
+def test_compare_two_models_per_token_difference(served, model_root):
+    client, _, _ = served
+    report, summary, heat = client.predict(TEXT, "tiny-alstm", "tiny-lstm", api_name="/score")
+    a, b = report["models"]
+    assert (a["model"], b["model"]) == ("tiny-alstm", "tiny-lstm")
+    ref_b = local(model_root, "tiny-lstm").score(TEXT)[0]
+    assert b["perplexity"] == pytest.approx(ref_b["ppl"], rel=1e-9)
+    diff = report["difference_bits"]
+    assert diff == pytest.approx([x - y for x, y in zip(a["surprisal_bits"], b["surprisal_bits"], strict=True)])
+    assert "model-diff" in heat and heat.count('class="tok"') == 3 * a["num_tokens"]
+    assert "tiny-lstm" in summary and "A − B" in summary
+
+
+def test_generate_streams_token_by_token(served, model_root):
+    client, _, _ = served
+    model = local(model_root, "tiny-lstm")
+    params = dict(max_new_tokens=12, temperature=1.0, top_k=0, top_p=1.0)
+    # a seed whose sample is long enough to show streaming (an untrained model may emit <eos> early)
+    seed = next(s for s in range(50) if len(model.generate_ids("the cat", seed=s, **params)) >= 5)
+    expected = model.generate("the cat", seed=seed, **params)
+    job = client.submit("the cat", "tiny-lstm", 12, 1.0, 0, 1.0, seed, api_name="/generate")
+    job.result(timeout=60)
+    outputs = job.outputs()
+    assert outputs[-1] == expected
+    assert len(outputs) >= 5
+    for prev, nxt in zip(outputs, outputs[1:], strict=False):
+        assert nxt.startswith(prev) and len(nxt) > len(prev)
+
+
+def test_adaptation_endpoint(served, model_root):
+    client, _, _ = served
+    msg, heat, plot, data = client.predict(TEXT, "tiny-alstm", api_name="/adaptation")
+    ref = trace_text(local(model_root, "tiny-alstm").lm, tiny_tokenizer(), TEXT)
+    assert data["changes"]["layer0"]["pi_ih"] == pytest.approx(ref.changes[0]["pi_ih"], rel=1e-6)
+    assert set(data["changes"]) == {"layer0", "layer1"} and plot is not None
+    assert heat.count('class="tok"') == len(ref.tokens) and "L2 norm" in msg
+
+    _, _, plot, data = client.predict(TEXT, "tiny-hyperlstm", api_name="/adaptation")
+    d_ih = data["changes"]["layer0"]["d_ih"]
+    assert plot is not None and len(d_ih) == len(ref.tokens) and max(d_ih) > 0
+    assert {"beta_f", "d_oh"} <= set(data["changes"]["layer1"])
+
+    msg, heat, plot, data = client.predict(TEXT, "tiny-lstm", api_name="/adaptation")
+    assert "no input-dependent weights" in msg and plot is None and data["changes"] == {}
+
+
+def test_adaptation_trace_is_capped_with_a_message(served):
+    client, _, _ = served
+    text = "the cat sat on the mat\n" * 100  # 700 tokens
+    msg, heat, _, data = client.predict(text, "tiny-alstm", api_name="/adaptation")
+    assert data["truncated"] and data["total_tokens"] == 700 and len(data["tokens"]) == app.MAX_TRACE_TOKENS
+    assert f"first {app.MAX_TRACE_TOKENS} of 700 tokens" in data["notice"] and "700 tokens" in msg
+    assert heat.count('class="tok"') == app.MAX_TRACE_TOKENS
+
+
+def test_model_info(served, model_root):
+    client, _, registry = served
+    card, details, curve = client.predict("tiny-alstm", api_name="/model_info")
+    assert "An untrained test model" in card and "license: mit" not in card
+    assert details["architecture"] == "alstm" and details["num_parameters"] > 0
+    assert details["config"]["arch_args"]["adapt_size"] == 4
+    assert Path(curve).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and details["training_curve"].endswith(".png")
+    _, details, curve = client.predict("tiny-lstm", api_name="/model_info")
+    assert curve is None and details["architecture"] == "lstm" and details["training_curve"] is None
+    assert [r[0] for r in registry.table()][-3:] == [n + (" (default)" if n == registry.default else "")
+                                                    for n in sorted(TINY)]
+
+
+def test_default_model_scores(served):
+    """The catalogue default once bundled (else the first tiny model): the app serves it end to end."""
+    client, _, registry = served
+    report, _, _ = client.predict("The Dow rose 3.5% on Monday.", registry.default, app.NONE_CHOICE,
+                                  api_name="/score")
+    res = report["models"][0]
+    assert res["model"] == registry.default and res["num_tokens"] > 1 and math.isfinite(res["perplexity"])
+
+
+@pytest.mark.parametrize(("endpoint", "args", "message"), [
+    ("/score", ("", "tiny-alstm", app.NONE_CHOICE), "empty"),
+    ("/score", ("   \n ", "tiny-alstm", app.NONE_CHOICE), "empty"),
+    ("/score", ("abc\x00\x01\x02def", "tiny-alstm", app.NONE_CHOICE), "binary"),
+    ("/score", ("\x01\x02\x03\x04" * 10 + "the cat", "tiny-alstm", app.NONE_CHOICE), "binary"),
+    ("/score", (TEXT, "no-such-model", app.NONE_CHOICE), "Unknown model"),
+    ("/score", (TEXT, "tiny-alstm", "also-missing"), "Unknown model"),
+    ("/adaptation", ("", "tiny-alstm"), "empty"),
+    ("/adaptation", (TEXT, "nope"), "Unknown model"),
+    # sliders: Gradio checks their bounds itself ("Value 0 is less than minimum value 1.")
+    ("/generate", ("the", "tiny-lstm", 0, 1.0, 0, 1.0, 0), "less than minimum value 1"),
+    ("/generate", ("the", "tiny-lstm", 100000, 1.0, 0, 1.0, 0), "greater than maximum value 500"),
+    ("/generate", ("the", "tiny-lstm", 5, -1.0, 0, 1.0, 0), "less than minimum value 0"),
+    ("/generate", ("the", "tiny-lstm", 5, 1.0, -3, 1.0, 0), "less than minimum value 0"),
+    ("/generate", ("the", "tiny-lstm", 5, 1.0, 0, 0.0, 0), "less than minimum value 0.05"),
+    ("/generate", ("the", "tiny-lstm", 5, 1.0, 0, 1.0, -5), "seed must be between 0"),
+    ("/generate", ("\x00\x01binary", "tiny-lstm", 5, 1.0, 0, 1.0, 0), "binary"),
+    ("/generate", ("the", "missing", 5, 1.0, 0, 1.0, 0), "Unknown model"),
+    ("/model_info", ("missing",), "Unknown model"),
+])
+def test_bad_input_gives_readable_error(served, endpoint, args, message):
+    client, _, _ = served
+    with pytest.raises(AppError, match=message):
+        client.predict(*args, api_name=endpoint)
+    report, _, _ = client.predict("the cat", "tiny-alstm", app.NONE_CHOICE, api_name="/score")  # still alive
+    assert report["models"][0]["num_tokens"] == 3
+
+
+def test_long_input_is_capped_with_a_message(served):
+    client, _, _ = served
+    text = ("the cat sat on the mat " * 1200)[: app.MAX_CHARS + 5000]
+    report, summary, _ = client.predict(text, "tiny-lstm", app.NONE_CHOICE, api_name="/score")
+    assert report["num_chars"] == app.MAX_CHARS
+    assert "20,000" in report["notice"] and "20,000" in summary
+
+
+def test_catalogue_models_bundled_copies_only(monkeypatch, tmp_path, model_root):
+    """Catalogue entries are shown (with their metrics) when a bundled copy exists, and load with zoo.load."""
+    shutil.copytree(model_root / "tiny-alstm", tmp_path / "pretrained" / "cat-alstm")
+    entry = {"architecture": "alstm", "dataset": "ptb", "num_parameters": 3895, "description": "test entry",
+             "metrics": {"metric": "perplexity", "valid": 14.5, "test": 14.25}}
+    cat = {"default": "cat-alstm", "models": {"cat-alstm": entry, "not-bundled": dict(entry)}}
+    (tmp_path / "catalog.json").write_text(json.dumps(cat))
+    monkeypatch.setenv("ZOO_CATALOG", str(tmp_path / "catalog.json"))
+    monkeypatch.delenv("ZOO_PRETRAINED_DIR", raising=False)
+    registry = app.ModelRegistry([model_root / "tiny-lstm"])
+    assert registry.names() == ["cat-alstm", "tiny-lstm"] and registry.default == "cat-alstm"
+    row = registry.table()[0]
+    assert row[:7] == ["cat-alstm (default)", "alstm", "ptb", "3,895", "14.50", "14.25", "perplexity"]
+    assert row[7] == "bundled"
+    model = registry.get("cat-alstm")
+    assert model.source == "bundled" and model.score("the cat")[0]["num_tokens"] == 3
+    assert registry.get("cat-alstm") is model  # cached
+    assert "An untrained test model" in registry.card("cat-alstm")
+
+
+def test_queue_and_concurrency_limits_for_two_cores(model_root):
+    demo = app.build_demo([model_root])
+    assert demo._queue.max_size == app.QUEUE_SIZE == 16
+    fns = {fn.api_name: fn for fn in demo.fns.values()}
+    for name in ("score", "generate", "adaptation"):  # the model events share one two-slot pool
+        assert (fns[name].concurrency_limit, fns[name].concurrency_id) == (2, "cpu")
+    assert fns["generate"].time_limit == 300
+
+
+def test_validators_directly(model_root):
+    """The handlers' own checks (behind the sliders' bounds) name the parameter."""
+    gen = app.make_handlers(app.ModelRegistry([model_root]))["generate"]
+    for kwargs, msg in [({"max_new_tokens": 501}, "max_new_tokens must be between 1 and 500"),
+                        ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
+                        ({"temperature": float("inf")}, "temperature must be a number"),
+                        ({"temperature": 2.5}, "temperature must be in"),
+                        ({"top_k": 201}, "top_k must be between 0 and 200"),
+                        ({"top_p": 0.0}, r"top_p must be in \(0"),
+                        ({"seed": "x"}, "seed must be an integer")]:
+        with pytest.raises(app.gr.Error, match=msg):
+            next(gen("the", "tiny-lstm", **kwargs))
+    assert list(gen("the", "tiny-lstm", max_new_tokens=3, temperature=0.0))[0] == ""
+    assert app.looks_binary("a\x00b") and not app.looks_binary("plain\ttext\nwith lines\r\n")
+    assert app.clean_text("x" * 30, cap=10) == ("x" * 10, "The text has 30 characters; only the first 10 were used.")
+    assert app.as_int(3.0, "n", 1, 5) == 3
+    for bad in (True, "3", float("nan"), 2.5):
+        with pytest.raises(Exception, match="integer"):
+            app.as_int(bad, "n", 1, 5)
+
+
+def test_cli_port_env_and_model_dirs(monkeypatch, model_root, capsys):
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "7991")
+    assert app.parse_args([]).port == 7991
+    assert app.parse_args(["--port", "8123"]).port == 8123
+    monkeypatch.setenv("ZOO_DEMO_MODELS", os.pathsep.join([str(model_root / "tiny-lstm"), ""]))
+    args = app.parse_args(["--model-dir", str(model_root / "tiny-alstm")])
+    dirs = app.model_dirs_from(args)
+    assert dirs == [str(model_root / "tiny-lstm"), str(model_root / "tiny-alstm")]
+    assert {"tiny-lstm", "tiny-alstm"} <= set(app.ModelRegistry(dirs).names())
+    assert app.main(["--model-dir", str(model_root / "does-not-exist")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "http")
+    with pytest.raises(SystemExit) as exc:
+        app.parse_args([])
+    assert exc.value.code == 2 and "GRADIO_SERVER_PORT" in capsys.readouterr().err
+
+
+def test_python_app_py_honours_gradio_server_port(model_root):
+    """`python app.py` as `make demo` runs it: serves on 127.0.0.1 at $GRADIO_SERVER_PORT, offline."""
+    port = free_port()
+    env = dict(os.environ, GRADIO_SERVER_PORT=str(port), ZOO_DEMO_MODELS=str(model_root),
+               GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, str(REPO / "app.py")], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline, body = time.monotonic() + 90, ""
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/gradio_api/info", timeout=5) as r:
+                    body = r.read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert '"/score"' in body and '"/generate"' in body, proc.poll()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)

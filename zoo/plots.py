@@ -1,0 +1,65 @@
+"""Training curves from the trainer's ``log.jsonl`` files: validation perplexity against epoch and wall-clock.
+
+    python -m zoo.plots runs/lstm-ptb-zaremba-small --out model_cards/lstm-ptb-zaremba-small-curve.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def read_log(run_dir: str | Path) -> list[dict]:
+    """The per-epoch records of a run (events such as resume or ASGD switches are skipped)."""
+    lines = (Path(run_dir) / "log.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "valid_ppl" in r and "epoch" in r]
+
+
+def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", metric: str = "valid_ppl") -> Path:
+    """Two panels: ``metric`` by epoch and by cumulative training minutes, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for run in run_dirs:
+        recs = read_log(run)
+        if not recs:
+            continue
+        label = Path(run).name
+        ys = [r[metric] for r in recs]
+        minutes, total = [], 0.0
+        for r in recs:
+            total += r["seconds"]
+            minutes.append(total / 60)
+        ax1.plot([r["epoch"] for r in recs], ys, marker="o", ms=3, label=label)
+        ax2.plot(minutes, ys, marker="o", ms=3, label=label)
+    ylabel = "validation perplexity" if metric == "valid_ppl" else metric
+    ax1.set(xlabel="epoch", ylabel=ylabel, yscale="log")
+    ax2.set(xlabel="training minutes (excluding evaluation)", ylabel=ylabel, yscale="log")
+    for ax in (ax1, ax2):
+        ax.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run directories holding log.jsonl")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--title", default="")
+    args = ap.parse_args()
+    print(plot_curves(args.runs, args.out, args.title))
+
+
+if __name__ == "__main__":
+    main()
