@@ -9,3 +9,32 @@ from __future__ import annotations
 from collections.abc import Callable
 
 COMMANDS: list[Callable] = []
+
+
+def _add_serve(subparsers) -> None:
+    from zoo.serve import add
+
+    add(subparsers)
+
+
+COMMANDS.append(_add_serve)
+
+
+def _add_hub(subparsers) -> None:
+    from zoo.bundle import add_cli as add_bundle
+    from zoo.hub import add_cli as add_hub
+
+    add_hub(subparsers)
+    add_bundle(subparsers)
+
+
+COMMANDS.append(_add_hub)
+
+
+def _add_export(subparsers) -> None:
+    from zoo.export.cli import add
+
+    add(subparsers)
+
+
+COMMANDS.append(_add_export)

@@ -1,8 +1,10 @@
 """Ready-to-use models: ``zoo.load(name_or_path)`` and the :class:`ZooModel` it returns.
 
-Resolution of a name (see also :mod:`zoo.hub`): an existing local directory is loaded as is; a
-catalogue name (``zoo list``) resolves to its copy bundled in the package. ``default`` is an
-alias for the catalogue's default model.
+Resolution of a name (see :mod:`zoo.hub` for when the network is used): an explicit local
+directory is loaded as is; a catalogue name (``zoo list``) resolves to the Hub (the local Hub
+cache first), then to its copy bundled in the package. ``default`` is an alias for the
+catalogue's default model. ``$ZOO_CATALOG`` points at another catalogue (its bundled copies live
+in ``pretrained/`` beside it, or in ``$ZOO_PRETRAINED_DIR``), e.g. for tests or a private registry.
 """
 
 from __future__ import annotations
@@ -32,16 +34,28 @@ class ModelNotFoundError(LookupError):
     """A name is neither a local checkpoint directory nor a catalogue entry."""
 
 
-@lru_cache(maxsize=1)
-def _catalog_cached(mtime: float) -> dict[str, Any]:
-    return json.loads(CATALOG_FILE.read_text(encoding="utf-8"))
+def catalog_path() -> Path:
+    """``$ZOO_CATALOG`` when set, else the packaged ``zoo/catalog.json``."""
+    return Path(os.environ.get("ZOO_CATALOG") or CATALOG_FILE)
+
+
+def bundled_dir() -> Path:
+    """Where bundled copies live: ``$ZOO_PRETRAINED_DIR``, else ``pretrained/`` beside the catalogue."""
+    env = os.environ.get("ZOO_PRETRAINED_DIR")
+    return Path(env) if env else catalog_path().parent / "pretrained"
+
+
+@lru_cache(maxsize=4)
+def _catalog_cached(path: str, mtime_ns: int) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def catalog() -> dict[str, Any]:
-    """The catalogue of pretrained models (``zoo/catalog.json``)."""
-    if not CATALOG_FILE.is_file():
+    """The catalogue of pretrained models (``zoo/catalog.json`` or ``$ZOO_CATALOG``)."""
+    path = catalog_path()
+    if not path.is_file():
         return {"default": None, "models": {}}
-    return _catalog_cached(CATALOG_FILE.stat().st_mtime)
+    return _catalog_cached(str(path), path.stat().st_mtime_ns)
 
 
 def canonical_name(name: str) -> str:
@@ -65,7 +79,7 @@ def resolve_local(name_or_path: str | os.PathLike) -> tuple[Path, str]:
         known = ", ".join(sorted(models)) or "none"
         raise ModelNotFoundError(f"unknown model {str(name_or_path)!r}: not a checkpoint directory and not in the "
                                  f"catalogue (known: {known}; see `zoo list`)")
-    bundled = BUNDLED_DIR / name
+    bundled = bundled_dir() / name
     if bundled.is_dir():
         return bundled, "bundled"
     raise ModelNotFoundError(f"model {name!r} is in the catalogue but has no bundled copy; "
@@ -151,21 +165,17 @@ class ZooModel:
 
 
 def load(name_or_path: str | os.PathLike, backend: str = "eager", **kwargs: Any) -> ZooModel:
-    """Load a pretrained model by catalogue name (``zoo list``) or from a checkpoint directory."""
-    resolver = _hub_resolver()
-    directory, source = resolver(name_or_path, **kwargs) if resolver else resolve_local(name_or_path)
+    """Load a pretrained model by catalogue name (``zoo list``) or from a checkpoint directory.
+
+    Keywords go to :func:`zoo.hub.resolve` (``revision``, ``source="auto"|"hub"|"bundled"``, ``token``,
+    ``cache_dir``, ``endpoint``); ``model.source`` says where the weights came from.
+    """
+    from zoo.hub import resolve
+
+    directory, source = resolve(name_or_path, **kwargs)
     name = None if source == "local path" else canonical_name(str(name_or_path))
     model = ZooModel.from_pretrained(directory, source=source, name=name)
     if backend != "eager":
         from zoo.backends import attach_backend
         attach_backend(model, backend)
     return model
-
-
-def _hub_resolver():
-    """The Hub-aware resolver when :mod:`zoo.hub` is available, else ``None`` (bundled/local only)."""
-    try:
-        from zoo.hub import resolve
-    except ImportError:
-        return None
-    return resolve

@@ -86,6 +86,7 @@ class Recipe:
     train: TrainConfig
     description: str = ""
     source: str = ""
+    reference: dict[str, Any] | None = None  # published numbers to compare with (shown in the model card)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Recipe:
@@ -97,13 +98,14 @@ class Recipe:
             train = TrainConfig(**raw.get("train", {}))
             return cls(name=raw["name"], dataset=raw["dataset"], seed=int(raw.get("seed", 1)),
                        model=dict(raw["model"]), train=train, description=raw.get("description", ""),
-                       source=str(path))
+                       source=str(path), reference=raw.get("reference"))
         except (KeyError, TypeError) as e:
             raise ValueError(f"{path}: invalid recipe ({e})") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dataset": self.dataset, "seed": self.seed, "model": self.model,
-                "train": asdict(self.train), "description": self.description}
+                "train": asdict(self.train), "description": self.description,
+                **({"reference": self.reference} if self.reference else {})}
 
 
 def recipe_path(name_or_path: str) -> Path:

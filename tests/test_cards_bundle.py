@@ -1,0 +1,236 @@
+"""Model cards and bundling: a real tiny run bundled into a temp package, cards parsed back with huggingface_hub."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import struct
+import tomllib
+import zlib
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard, ModelCardData
+
+import zoo
+from tests.olah_fixture import REPO, bundle_into, recipe_file, run_main, tiny_run
+from zoo import cards
+from zoo.bundle import BundleError, bundle, catalog_problems, sha256_file
+from zoo.cli import main
+from zoo.pretrained import CATALOG_FILE
+
+
+def tiny_png(path: Path) -> Path:
+    """A real 2x2 PNG (the training-curve figure stand-in)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = b"".join(b"\x00" + b"\xff\x00\x00" * 2 for _ in range(2))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_run_dir(tmp_path_factory) -> Path:
+    """A finished tiny training run (made once per session, shared with the Hub tests)."""
+    return tiny_run(tmp_path_factory.mktemp("tiny-run"))
+
+
+@pytest.fixture(scope="module")
+def bundled(tiny_run_dir, tmp_path_factory):
+    """The tiny run bundled (through the command line) into a temp package, with a figure, as the default."""
+    tmp = tmp_path_factory.mktemp("bundle")
+    pkg = tmp / "pkg"
+    fig = tiny_png(tmp / "curve.png")
+    env = {"ZOO_CATALOG": str(pkg / "catalog.json"), "ZOO_MODEL_CARDS_DIR": str(pkg / "cards")}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        mp.delenv("ZOO_PRETRAINED_DIR", raising=False)
+        code = main(["bundle", str(tiny_run_dir), "--name", "tiny-card", "--default", "--figure", str(fig),
+                     "--recipe", str(recipe_file(tiny_run_dir))])
+    assert code == 0
+    ev = json.loads((tiny_run_dir / "eval.json").read_text())
+    return {"pkg": pkg, "dir": pkg / "pretrained" / "tiny-card", "ev": ev, "env": env,
+            "catalog": json.loads((pkg / "catalog.json").read_text())}
+
+
+def test_bundle_copies_release_writes_card_and_catalogue(bundled, tiny_run_dir):
+    d, ev = bundled["dir"], bundled["ev"]
+    assert sorted(p.name for p in d.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                   "tiny-card-curve.png", "vocab.json"]
+    for f in ("model.safetensors", "vocab.json"):
+        assert (d / f).read_bytes() == (tiny_run_dir / "release" / f).read_bytes()
+    assert (bundled["pkg"] / "cards" / "tiny-card.md").read_text() == (d / "README.md").read_text()
+    assert (bundled["pkg"] / "cards" / "tiny-card-curve.png").is_file()
+    cat = bundled["catalog"]
+    assert cat["default"] == "tiny-card"
+    entry = cat["models"]["tiny-card"]
+    assert entry["repo_id"] == "alstm-zoo/tiny-card" and entry["revision"] == "v1.0"
+    assert entry["num_parameters"] == ev["num_parameters"] and entry["dataset"] == "ptb"
+    assert entry["metrics"] == {"metric": "perplexity", "valid": ev["release"]["valid"]["ppl"],
+                                "test": ev["release"]["test"]["ppl"]}
+    assert entry["training"]["epochs"] == ev["epochs_trained"]
+    assert entry["training"]["train_seconds"] == ev["train_seconds"]
+    assert set(entry["files"]) == {p.name for p in d.iterdir()}
+    for fname, meta in entry["files"].items():
+        data = (d / fname).read_bytes()
+        assert meta == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def test_catalogue_schema(bundled):
+    assert catalog_problems(bundled["catalog"]) == []
+    real = json.loads(CATALOG_FILE.read_text())
+    assert catalog_problems(real) == []  # the package's own catalogue
+    broken = copy.deepcopy(bundled["catalog"])
+    entry = broken["models"]["tiny-card"]
+    entry["files"]["vocab.json"]["sha256"] = "xyz"
+    del entry["repo_id"]
+    entry["metrics"]["metric"] = "accuracy"
+    assert catalog_problems(broken) == [
+        "tiny-card: 'repo_id' missing or not str",
+        "tiny-card: metrics need metric (perplexity|bits_per_char), valid and test numbers",
+        "tiny-card: files['vocab.json'] needs a sha256 (64 hex) and a size"]
+
+
+def test_card_validates_and_model_index_equals_eval_json(bundled):
+    ev = bundled["ev"]
+    card = ModelCard.load(bundled["dir"] / "README.md")
+    data = card.data
+    assert isinstance(data, ModelCardData)
+    assert data.library_name == "alstm-zoo" and data.pipeline_tag == "text-generation"
+    assert data.language == "en" and data.license == "mit" and data.datasets == ["ptb-text-only/ptb_text_only"]
+    assert data.model_name == "tiny-card" and "lstm" in data.tags
+    # the model-index round-trips through huggingface_hub's parser to exactly eval.json's numbers
+    assert cards.card_metrics(str(card)) == {
+        "valid": {"perplexity": ev["release"]["valid"]["ppl"]}, "test": {"perplexity": ev["release"]["test"]["ppl"]}}
+    again = ModelCard(data.to_yaml().join(["---\n", "\n---\n"]) + card.text)
+    assert again.data.eval_results == data.eval_results
+    assert cards.catalog_metrics_from_card(str(card), "ptb") == bundled["catalog"]["models"]["tiny-card"]["metrics"]
+
+
+def test_card_body_holds_recipe_training_facts_figure_reference_and_citation(bundled, tiny_run_dir):
+    ev, text = bundled["ev"], (bundled["dir"] / "README.md").read_text()
+    recipe_block = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
+    expected = json.loads(json.dumps(ev["recipe"]), object_hook=lambda d: {k: v for k, v in d.items() if v is not None})
+    assert tomllib.loads(recipe_block) == expected  # every hyper-parameter, exactly
+    assert f"{ev['num_parameters']:,}" in text
+    assert ev["device"] in text and f"{ev['train_seconds']:.0f} s" in text
+    assert f"over {ev['epochs_trained']} epochs" in text and f"epoch {ev['best_epoch']}" in text
+    rel = ev["release"]
+    assert f"{rel['test_ppl_change']:+.4%}" in text and "float16" in text
+    assert "![Training curve of tiny-card](tiny-card-curve.png)" in text
+    assert "| published reference (perplexity): test fixture reference | 120.70 | 114.50 |" in text
+    assert "Recurrent Neural Network Regularization" in text and "Merity" not in text
+    log = [json.loads(x) for x in (tiny_run_dir / "log.jsonl").read_text().splitlines() if '"valid_ppl"' in x]
+    for r in log:  # the training-log table has one row per epoch of log.jsonl
+        assert re.search(rf"^\| {r['epoch']}( \*)? \| {r['train_ppl']:.2f} \| {r['valid_ppl']:.2f} \|", text, re.M)
+    assert bundled["catalog"]["models"]["tiny-card"]["reference"]["source"] == "test fixture reference"
+
+
+@pytest.mark.parametrize(("arch", "title"), [
+    ("alstm", "Breaking the Activation Function Bottleneck through Adaptive Parameterization"),
+    ("hyperlstm", "{HyperNetworks}"),
+    ("pnorm_gru", "Faster Training of Very Deep Networks Via p-Norm Gates"),
+    ("lstm", "Recurrent Neural Network Regularization"),
+])
+def test_citation_is_chosen_by_architecture(bundled, arch, title):
+    ev = dict(bundled["ev"], architecture=arch)
+    config = json.loads((bundled["dir"] / "config.json").read_text())
+    text = cards.build_card("x", ev, [], config, repo_id="o/x", revision="v1.0")
+    assert title in text
+    others = {"alstm": "Flennerhag", "hyperlstm": "Ha, David", "pnorm_gru": "Pham, Trang", "lstm": "Zaremba"}
+    assert [a for a, who in others.items() if who in text] == [arch]
+
+
+def test_awd_lstm_recipe_also_cites_merity(bundled):
+    ev = copy.deepcopy(bundled["ev"])
+    ev["recipe"]["train"]["optimizer"] = "ntasgd"
+    assert cards.citation_keys("lstm", ev["recipe"]) == ["zaremba2014", "merity2018"]
+
+
+def test_char_level_card_reports_bits_per_character(bundled):
+    ev = dict(bundled["ev"], dataset="ptb-char")
+    config = json.loads((bundled["dir"] / "config.json").read_text())
+    text = cards.build_card("c", ev, [], config, repo_id="o/c", revision="v1.0")
+    rel = ev["release"]
+    assert cards.card_metrics(text) == {
+        "valid": {"perplexity": rel["valid"]["ppl"], "bpc": rel["valid"]["bits_per_token"]},
+        "test": {"perplexity": rel["test"]["ppl"], "bpc": rel["test"]["bits_per_token"]}}
+    assert cards.release_metrics(ev) == {"metric": "bits_per_char", "valid": rel["valid"]["bits_per_token"],
+                                         "test": rel["test"]["bits_per_token"]}
+
+
+def test_bundled_dir_loads_and_scores(bundled):
+    model = zoo.load(bundled["dir"])
+    assert model.source == "local path" and model.config["metrics"] == bundled["catalog"]["models"]["tiny-card"][
+        "metrics"]
+    rep = model.score("the company said it expects to report a loss")
+    assert rep.texts[0]["num_tokens"] > 5 and 1 < rep.texts[0]["ppl"] < 1e5
+
+
+def test_readme_table_from_catalogue(bundled, capsys, monkeypatch):
+    monkeypatch.setenv("ZOO_CATALOG", bundled["env"]["ZOO_CATALOG"])
+    code, stdout, _ = run_main(capsys, "bundle", "--readme-table")
+    assert code == 0
+    entry = bundled["catalog"]["models"]["tiny-card"]
+    row = [line for line in stdout.splitlines() if "`tiny-card`" in line]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert cells == ["`tiny-card` (default)", "lstm", f"{entry['num_parameters'] / 1e6:.2f}M", "ptb",
+                     str(entry["training"]["epochs"]), cards.format_duration(entry["training"]["train_seconds"]),
+                     f"{entry['metrics']['valid']:.2f}", f"{entry['metrics']['test']:.2f}", "perplexity",
+                     "120.70 / 114.50 (test fixture reference)"]
+    assert stdout == cards.models_table_markdown(bundled["catalog"])
+
+
+def test_rebundle_replaces_atomically_and_keeps_other_entries(bundled, tiny_run_dir, tmp_path):
+    pkg = tmp_path / "pkg"
+    bundle_into(pkg, tiny_run_dir, "first")
+    entry = bundle_into(pkg, tiny_run_dir, "second", repo_id="org/second", revision="v2")
+    cat = json.loads((pkg / "catalog.json").read_text())
+    assert sorted(cat["models"]) == ["first", "second"] and cat["default"] is None
+    assert entry["repo_id"] == "org/second" and cat["models"]["second"]["revision"] == "v2"
+    bundle_into(pkg, tiny_run_dir, "second")  # re-bundling keeps the pinned repo and revision
+    assert json.loads((pkg / "catalog.json").read_text())["models"]["second"]["repo_id"] == "org/second"
+    assert sorted(p.name for p in (pkg / "pretrained").iterdir()) == ["first", "second"]  # no staging left
+
+
+def test_bad_inputs_are_one_line_errors(tiny_run_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ZOO_CATALOG", str(tmp_path / "c.json"))
+    code, _, err = run_main(capsys, "bundle", str(tmp_path / "nope"))
+    assert code == 2 and err.count("\n") == 1 and "no such run directory" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_main(capsys, "bundle", str(tmp_path / "empty"))
+    assert code == 2 and err.count("\n") == 1 and "no eval.json" in err
+    code, _, err = run_main(capsys, "bundle")
+    assert code == 2 and "give a run directory" in err
+    with pytest.raises(BundleError, match="invalid model name"):
+        bundle(tiny_run_dir, "Bad Name", catalog_file=tmp_path / "c.json")
+    with pytest.raises(BundleError, match="no such figure"):
+        bundle(tiny_run_dir, "ok", catalog_file=tmp_path / "c.json", figures=[tmp_path / "x.png"])
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "pretrained" / "ok").exists()
+
+
+# -- every model bundled in the real package -------------------------------------------------------------------
+def _real_bundled() -> list[str]:
+    cat = json.loads(CATALOG_FILE.read_text()) if CATALOG_FILE.is_file() else {"models": {}}
+    return sorted(n for n in cat.get("models", {}) if (CATALOG_FILE.parent / "pretrained" / n).is_dir())
+
+
+@pytest.mark.parametrize("name", _real_bundled())
+def test_real_bundled_model_card_matches_catalogue(name):
+    """Every model shipped in zoo/pretrained/: its card validates, its model-index equals its catalogue metrics."""
+    entry = json.loads(CATALOG_FILE.read_text())["models"][name]
+    d = CATALOG_FILE.parent / "pretrained" / name
+    card = ModelCard.load(d / "README.md")
+    assert card.data.library_name == "alstm-zoo" and card.data.model_name == name
+    assert cards.catalog_metrics_from_card(str(card), entry["dataset"]) == entry["metrics"]
+    for fname, meta in entry["files"].items():
+        assert sha256_file(d / fname) == meta["sha256"] and (d / fname).stat().st_size == meta["size"]
+    assert (REPO / "model_cards" / f"{name}.md").read_text() == (d / "README.md").read_text()
+    run_eval = REPO / "runs" / name / "eval.json"  # the run itself, when it is on this machine
+    if run_eval.is_file():
+        assert cards.release_metrics(json.loads(run_eval.read_text())) == entry["metrics"]

@@ -1,0 +1,298 @@
+"""``zoo bundle RUN_DIR``: package a finished training run as a pretrained model of the zoo.
+
+A run dir made by ``zoo train`` holds ``release/`` (the checkpoint to ship), ``eval.json`` and
+``log.jsonl``. Bundling copies the release files into ``zoo/pretrained/<name>/``, writes its model
+card (``README.md``, also copied to ``model_cards/<name>.md``), hashes every file, and records the
+model in the catalogue (``zoo/catalog.json``), which is what downloads are verified against.
+Every metric comes from ``eval.json``; nothing is typed. The target folders are parameters (and
+``$ZOO_CATALOG`` / ``$ZOO_PRETRAINED_DIR`` / ``$ZOO_MODEL_CARDS_DIR``) so tests never touch the
+real package. Files are staged and swapped in, so a failed bundle leaves the old copy intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from zoo.checkpoint import CARD_FILE, CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+RELEASE_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,95}$")
+FIGURE_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg"}
+DEFAULT_ORG = "alstm-zoo"
+DEFAULT_REVISION = "v1.0"
+
+
+class BundleError(ValueError):
+    """The run dir or the options cannot make a bundle (a user error: one line, exit 2)."""
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_records(directory: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {sha256, size}}`` for every file under ``directory`` (POSIX paths, sorted)."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_file():
+            out[p.relative_to(directory).as_posix()] = {"sha256": sha256_file(p), "size": p.stat().st_size}
+    return out
+
+
+def default_cards_dir() -> Path:
+    return Path(os.environ.get("ZOO_MODEL_CARDS_DIR") or PACKAGE_DIR.parent / "model_cards")
+
+
+# -- the catalogue ------------------------------------------------------------------------------------------
+def read_catalog(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {"default": None, "models": {}}
+    try:
+        cat = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{path}: not valid JSON ({e})") from None
+    cat.setdefault("models", {})
+    cat.setdefault("default", None)
+    return cat
+
+
+def update_catalog(path: Path, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Read, change and atomically rewrite a catalogue file."""
+    cat = read_catalog(path)
+    change(cat)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(cat, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return cat
+
+
+#: What each catalogue entry holds (``catalog_problems`` checks it); ``default`` names one entry or is null.
+ENTRY_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "architecture": str, "dataset": str, "description": str, "num_parameters": int, "metrics": dict,
+    "repo_id": str, "revision": str, "files": dict, "dtype": str, "training": dict, "reference": (dict, type(None)),
+}
+
+
+def catalog_problems(cat: dict[str, Any]) -> list[str]:
+    """Every way a catalogue departs from the schema (empty when it is valid)."""
+    problems = []
+    models = cat.get("models")
+    if not isinstance(models, dict):
+        return ["'models' must be an object"]
+    if cat.get("default") is not None and not isinstance(cat.get("default"), str):
+        problems.append("'default' must be a model name or null")
+    for name, entry in models.items():
+        if not NAME_RE.match(name):
+            problems.append(f"{name}: invalid name")
+        for key, kind in ENTRY_SCHEMA.items():
+            if not isinstance(entry.get(key), kind) or isinstance(entry.get(key), bool):
+                problems.append(f"{name}: {key!r} missing or not {getattr(kind, '__name__', kind)}")
+        met = entry.get("metrics") or {}
+        if met.get("metric") not in ("perplexity", "bits_per_char") or not all(
+                isinstance(met.get(k), int | float) for k in ("valid", "test")):
+            problems.append(f"{name}: metrics need metric (perplexity|bits_per_char), valid and test numbers")
+        for fname, meta in (entry.get("files") or {}).items():
+            if not (isinstance(meta, dict) and re.fullmatch(r"[0-9a-f]{64}", str(meta.get("sha256")))
+                    and isinstance(meta.get("size"), int)):
+                problems.append(f"{name}: files[{fname!r}] needs a sha256 (64 hex) and a size")
+        if entry.get("files") and not {"config.json", "model.safetensors", "vocab.json"} <= set(entry["files"]):
+            problems.append(f"{name}: files must include config.json, model.safetensors and vocab.json")
+    return problems
+
+
+# -- reading a run ------------------------------------------------------------------------------------------
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """``eval.json``, the ``log.jsonl`` records and the release ``config.json`` of a finished run."""
+    if not run_dir.is_dir():
+        raise BundleError(f"{run_dir}: no such run directory")
+    ev_path = run_dir / "eval.json"
+    if not ev_path.is_file():
+        raise BundleError(f"{run_dir}: no eval.json (not a finished run: `zoo train` writes it at the end)")
+    try:
+        ev = json.loads(ev_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{ev_path}: not valid JSON ({e})") from None
+    missing = [k for k in ("name", "dataset", "architecture", "num_parameters", "valid", "test", "epochs_trained",
+                           "best_epoch", "train_seconds", "recipe") if k not in ev]
+    if missing:
+        raise BundleError(f"{ev_path}: missing {', '.join(missing)}")
+    for f in RELEASE_FILES:
+        if not (run_dir / "release" / f).is_file():
+            raise BundleError(f"{run_dir / 'release' / f}: missing (the release checkpoint is incomplete)")
+    log_path = run_dir / "log.jsonl"
+    log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()] if log_path.is_file() else []
+    config = json.loads((run_dir / "release" / CONFIG_FILE).read_text(encoding="utf-8"))
+    if config.get("architecture") != ev["architecture"]:
+        raise BundleError(f"{run_dir}: release/config.json says {config.get('architecture')!r}, eval.json says "
+                          f"{ev['architecture']!r}")
+    return ev, log, config
+
+
+def find_reference(ev: dict[str, Any], recipe_path: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """The published numbers to compare with: the recipe's optional ``[reference]`` table.
+
+    Looked up in eval.json's recipe, else in the recipe file (``recipe_path`` or the bundled
+    ``zoo/recipes/<recipe name>.toml``). Fields: ``valid``, ``test`` (numbers), ``metric``
+    (``perplexity`` or ``bits_per_char``), ``source`` (who published them, where).
+    """
+    ref = ev["recipe"].get("reference")
+    if ref is None:
+        path = Path(recipe_path) if recipe_path else PACKAGE_DIR / "recipes" / f"{ev['recipe'].get('name')}.toml"
+        if recipe_path and not path.is_file():
+            raise BundleError(f"{path}: no such recipe file")
+        if path.is_file():
+            ref = tomllib.loads(path.read_text(encoding="utf-8")).get("reference")
+    if ref is None:
+        return None
+    if not isinstance(ref, dict) or not isinstance(ref.get("source"), str) or not any(
+            isinstance(ref.get(k), int | float) for k in ("valid", "test")):
+        raise BundleError("the recipe's [reference] needs `source` and a number for `valid` and/or `test`")
+    return {k: ref[k] for k in ("valid", "test", "metric", "source") if k in ref}
+
+
+# -- bundling -----------------------------------------------------------------------------------------------
+def _figure_name(name: str, path: Path) -> str:
+    return path.name if path.name.startswith(name) else f"{name}-{path.name}"
+
+
+def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool = False,
+           figures: Sequence[str | os.PathLike] = (), recipe_path: str | os.PathLike | None = None,
+           repo_id: str | None = None, revision: str | None = None, license: str = "mit",
+           pretrained_dir: str | os.PathLike | None = None, catalog_file: str | os.PathLike | None = None,
+           cards_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Bundle a finished run; returns the catalogue entry written (plus ``directory`` and ``card``)."""
+    from zoo.cards import build_card, release_metrics
+    from zoo.checkpoint import CheckpointError, load_checkpoint
+    from zoo.pretrained import bundled_dir, catalog_path
+
+    run = Path(run_dir)
+    ev, log, config = read_run(run)
+    name = name or ev["name"]
+    if not NAME_RE.match(name):
+        raise BundleError(f"invalid model name {name!r}: use lower-case letters, digits, '.', '-' and '_'")
+    cat_file = Path(catalog_file) if catalog_file else catalog_path()
+    target_root = Path(pretrained_dir) if pretrained_dir else (cat_file.parent / "pretrained" if catalog_file
+                                                               else bundled_dir())
+    cards = Path(cards_dir) if cards_dir else default_cards_dir()
+    figs = [Path(f) for f in figures]
+    for f in figs:
+        if not f.is_file():
+            raise BundleError(f"{f}: no such figure file")
+        if f.suffix.lower() not in FIGURE_SUFFIXES:
+            raise BundleError(f"{f}: a figure must be one of {', '.join(sorted(FIGURE_SUFFIXES))}")
+    existing = read_catalog(cat_file)["models"].get(name, {})
+    repo_id = repo_id or existing.get("repo_id") or f"{DEFAULT_ORG}/{name}"
+    if not re.match(r"^[\w.-]+/[\w.-]+$", repo_id):
+        raise BundleError(f"invalid Hub repo id {repo_id!r} (expected ORG/NAME)")
+    revision = revision or existing.get("revision") or DEFAULT_REVISION
+    reference = find_reference(ev, recipe_path)
+    metrics = release_metrics(ev)
+
+    target_root.mkdir(parents=True, exist_ok=True)
+    stage = target_root / f".{name}.partial{os.getpid()}"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir()
+    try:
+        for f in (VOCAB_FILE, WEIGHTS_FILE):
+            shutil.copyfile(run / "release" / f, stage / f)
+        config = dict(config, name=name, metrics=metrics)
+        (stage / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        try:
+            load_checkpoint(stage)  # strict: the shipped files must load exactly
+        except CheckpointError as e:
+            raise BundleError(f"the release checkpoint does not load: {e}") from None
+        fig_names = []
+        for f in figs:
+            fig_names.append(_figure_name(name, f))
+            shutil.copyfile(f, stage / fig_names[-1])
+        sizes = {f: (stage / f).stat().st_size for f in RELEASE_FILES}
+        card = build_card(name, ev, log, config, repo_id=repo_id, revision=revision, license=license,
+                          figures=fig_names, reference=reference, file_sizes=sizes)
+        (stage / CARD_FILE).write_text(card, encoding="utf-8")
+        files = file_records(stage)
+        final = target_root / name
+        old = target_root / f".{name}.old{os.getpid()}"
+        if final.exists():
+            os.replace(final, old)
+        os.replace(stage, final)
+        if old.exists():
+            shutil.rmtree(old)
+    finally:
+        if stage.exists():
+            shutil.rmtree(stage)
+
+    cards.mkdir(parents=True, exist_ok=True)
+    (cards / f"{name}.md").write_text(card, encoding="utf-8")
+    for f, fig_name in zip(figs, fig_names, strict=True):
+        if f.resolve() != (cards / fig_name).resolve():
+            shutil.copyfile(f, cards / fig_name)
+
+    rel = ev.get("release") or {}
+    entry = {
+        "architecture": ev["architecture"], "dataset": ev["dataset"],
+        "description": ev["recipe"].get("description") or f"{ev['architecture']} trained on {ev['dataset']}",
+        "num_parameters": ev["num_parameters"], "metrics": metrics, "repo_id": repo_id, "revision": revision,
+        "files": files, "dtype": rel.get("dtype", "float32"),
+        "training": {"epochs": ev["epochs_trained"], "best_epoch": ev["best_epoch"],
+                     "train_seconds": ev["train_seconds"], "device": ev.get("device"),
+                     "world_size": ev.get("world_size", 1)},
+        "reference": reference,
+    }
+
+    def change(cat: dict[str, Any]) -> None:
+        cat["models"][name] = entry
+        if default:
+            cat["default"] = name
+
+    update_catalog(cat_file, change)
+    return dict(entry, directory=str(final), card=str(cards / f"{name}.md"))
+
+
+# -- command line -------------------------------------------------------------------------------------------
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from zoo.cards import models_table_markdown
+    from zoo.cli import UsageError
+
+    if args.readme_table:
+        print(models_table_markdown(), end="")
+        return 0
+    if not args.run_dir:
+        raise UsageError("give a run directory (made by `zoo train`), or --readme-table")
+    entry = bundle(args.run_dir, args.name, default=args.default, figures=args.figure or [],
+                   recipe_path=args.recipe, repo_id=args.repo_id, revision=args.revision, license=args.license)
+    m = entry["metrics"]
+    print(f"bundled {Path(entry['directory']).name} -> {entry['directory']} ({len(entry['files'])} files); "
+          f"card {entry['card']}; valid {m['metric']} {m['valid']:.4f}, test {m['test']:.4f}")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    sp = subparsers.add_parser("bundle", help="package a finished training run as a pretrained model "
+                               "(files, model card, catalogue entry)")
+    sp.add_argument("run_dir", nargs="?", help="a run directory made by `zoo train` (release/, eval.json, log.jsonl)")
+    sp.add_argument("--name", help="catalogue name (default: the recipe name)")
+    sp.add_argument("--default", action="store_true", help="make it the catalogue's default model")
+    sp.add_argument("--figure", nargs="+", help="training-curve figure(s) to show in the card")
+    sp.add_argument("--recipe", help="recipe file holding the [reference] table (default: zoo/recipes/<name>.toml)")
+    sp.add_argument("--repo-id", help=f"Hub repository (default: {DEFAULT_ORG}/<name>)")
+    sp.add_argument("--revision", help=f"Hub revision (tag) the release is pinned to (default: {DEFAULT_REVISION})")
+    sp.add_argument("--license", default="mit", help="licence id for the card (default: mit)")
+    sp.add_argument("--readme-table", action="store_true", help="print the README's models table (markdown) "
+                    "generated from the catalogue, and exit")
+    sp.set_defaults(func=cmd_bundle)

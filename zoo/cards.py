@@ -1,0 +1,373 @@
+"""Model cards generated from what a training run wrote (``eval.json``, ``log.jsonl``, ``config.json``).
+
+Why generated: a hand-written card drifts from the weights it describes. Here every number comes
+from the run's files: the ``model-index`` (the Hub's machine-readable results, built with
+``huggingface_hub``'s :class:`ModelCardData` / :class:`EvalResult`) holds the metrics of the weights
+that are actually shipped (the ``release/`` checkpoint, float16 when the recipe says so), and the
+body gives the float32 numbers next to them so the cost of the cast is reported, not assumed.
+Published numbers to compare with come from the recipe's optional ``[reference]`` table
+(``valid``, ``test``, ``metric``, ``source``); nothing is typed into the card by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LIBRARY = "alstm-zoo"
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+TASK_TYPE = "text-generation"
+TASK_NAME = "Language modeling"
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """How a benchmark is named on the Hub and in cards."""
+
+    hub_id: str
+    title: str
+    config: str | None
+    char_level: bool
+    licence: str
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    "ptb": DatasetInfo("ptb-text-only/ptb_text_only", "Penn Treebank (word level, Mikolov et al. 2010 preprocessing)",
+                       "penn_treebank", False, "LDC Treebank-3 (LDC99T42) text; the Mikolov preprocessing is "
+                       "redistributed for research use"),
+    "ptb-char": DatasetInfo("ptb-text-only/ptb_text_only", "Penn Treebank (character level, Mikolov)",
+                            "penn_treebank", True, "LDC Treebank-3 (LDC99T42) text; research use"),
+    "wikitext-2": DatasetInfo("Salesforce/wikitext", "WikiText-2 (wikitext-2-v1, tokenised)", "wikitext-2-v1", False,
+                              "CC BY-SA 3.0 (Wikipedia)"),
+}
+
+ARCH_TITLES = {"alstm": "adaptive LSTM (aLSTM)", "hyperlstm": "HyperLSTM", "pnorm_gru": "p-norm gated GRU",
+               "lstm": "LSTM"}
+
+BIBTEX: dict[str, str] = {
+    "flennerhag2018": """@inproceedings{flennerhag2018breaking,
+  title     = {Breaking the Activation Function Bottleneck through Adaptive Parameterization},
+  author    = {Flennerhag, Sebastian and Yin, Hujun and Keane, John and Elliot, Mark},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  volume    = {31},
+  year      = {2018}
+}""",
+    "ha2017": """@inproceedings{ha2017hypernetworks,
+  title     = {HyperNetworks},
+  author    = {Ha, David and Dai, Andrew M. and Le, Quoc V.},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year      = {2017}
+}""",
+    "pham2016": """@inproceedings{pham2016faster,
+  title     = {Faster Training of Very Deep Networks Via p-Norm Gates},
+  author    = {Pham, Trang and Tran, Truyen and Phung, Dinh and Venkatesh, Svetha},
+  booktitle = {International Conference on Pattern Recognition (ICPR)},
+  year      = {2016},
+  eprint    = {1608.03639},
+  archivePrefix = {arXiv}
+}""",
+    "zaremba2014": """@article{zaremba2014recurrent,
+  title   = {Recurrent Neural Network Regularization},
+  author  = {Zaremba, Wojciech and Sutskever, Ilya and Vinyals, Oriol},
+  journal = {arXiv preprint arXiv:1409.2329},
+  year    = {2014}
+}""",
+    "merity2018": """@inproceedings{merity2018regularizing,
+  title     = {Regularizing and Optimizing {LSTM} Language Models},
+  author    = {Merity, Stephen and Keskar, Nitish Shirish and Socher, Richard},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year      = {2018}
+}""",
+}
+
+
+def citation_keys(architecture: str, recipe: dict[str, Any] | None = None) -> list[str]:
+    """The source paper(s) of an architecture; an LSTM trained the AWD-LSTM way also cites Merity et al."""
+    if architecture == "alstm":
+        return ["flennerhag2018"]
+    if architecture == "hyperlstm":
+        return ["ha2017"]
+    if architecture == "pnorm_gru":
+        return ["pham2016"]
+    if architecture == "lstm":
+        recipe = recipe or {}
+        train, model = recipe.get("train", {}), recipe.get("model", {})
+        awd = (train.get("optimizer") == "ntasgd" or bool(train.get("alpha")) or bool(train.get("beta"))
+               or bool(model.get("arch_args", {}).get("weight_drop")))
+        return ["zaremba2014", "merity2018"] if awd else ["zaremba2014"]
+    raise ValueError(f"no source paper known for architecture {architecture!r}")
+
+
+# -- metrics ---------------------------------------------------------------------------------------------------
+def primary_metric(dataset: str) -> str:
+    """``bits_per_char`` for character-level data (what its papers report), else ``perplexity``."""
+    return "bits_per_char" if _dataset(dataset).char_level else "perplexity"
+
+
+def release_metrics(ev: dict[str, Any]) -> dict[str, Any]:
+    """The catalogue metrics ``{metric, valid, test}`` of the shipped weights, read from ``eval.json``."""
+    rel = ev.get("release") or {}
+    valid, test = rel.get("valid", ev["valid"]), rel.get("test", ev["test"])
+    if primary_metric(ev["dataset"]) == "bits_per_char":
+        return {"metric": "bits_per_char", "valid": valid["bits_per_token"], "test": test["bits_per_token"]}
+    return {"metric": "perplexity", "valid": valid["ppl"], "test": test["ppl"]}
+
+
+def _dataset(name: str) -> DatasetInfo:
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r} (known: {', '.join(sorted(DATASETS))})")
+    return DATASETS[name]
+
+
+def eval_results(ev: dict[str, Any]) -> list:
+    """``EvalResult`` entries (valid and test; perplexity, plus bits per character for char-level data)."""
+    from huggingface_hub import EvalResult
+
+    ds = _dataset(ev["dataset"])
+    rel = ev.get("release") or {}
+    out = []
+    for split_key, split_name in (("valid", "validation"), ("test", "test")):
+        res = rel.get(split_key, ev[split_key])
+        metrics = [("perplexity", "Perplexity", res["ppl"])]
+        if ds.char_level:
+            metrics.append(("bpc", "Bits per character", res["bits_per_token"]))
+        for mtype, mname, value in metrics:
+            out.append(EvalResult(task_type=TASK_TYPE, task_name=TASK_NAME, dataset_type=ds.hub_id,
+                                  dataset_name=ds.title, dataset_config=ds.config, dataset_split=split_name,
+                                  metric_type=mtype, metric_name=mname, metric_value=value))
+    return out
+
+
+def card_metrics(card_text: str) -> dict[str, dict[str, float]]:
+    """Parse a card's ``model-index`` back: ``{"valid": {"perplexity": x, ...}, "test": {...}}``."""
+    from huggingface_hub import ModelCard
+
+    card = ModelCard(card_text)
+    out: dict[str, dict[str, float]] = {}
+    for r in card.data.eval_results or []:
+        split = {"validation": "valid"}.get(r.dataset_split, r.dataset_split)
+        out.setdefault(split, {})[r.metric_type] = r.metric_value
+    return out
+
+
+def catalog_metrics_from_card(card_text: str, dataset: str) -> dict[str, Any]:
+    """The catalogue's ``{metric, valid, test}`` as read from a card (to check the two agree)."""
+    m = card_metrics(card_text)
+    key = "bpc" if primary_metric(dataset) == "bits_per_char" else "perplexity"
+    return {"metric": primary_metric(dataset), "valid": m["valid"][key], "test": m["test"][key]}
+
+
+# -- formatting helpers ----------------------------------------------------------------------------------------
+def format_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """A recipe dict as TOML (``None`` values are left out: TOML has no null), tables after scalars."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if v is not None and not isinstance(v, dict)]
+    for k, v in data.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{prefix}{k}]", to_toml(v, f"{prefix}{k}.")]
+    return "\n".join(lines).strip("\n")
+
+
+def _fmt(v: float, digits: int = 2) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+# -- the card --------------------------------------------------------------------------------------------------
+def card_data(name: str, ev: dict[str, Any], license: str = "mit", tags: list[str] | None = None):
+    """The front matter (``ModelCardData``) of a run's card."""
+    from huggingface_hub import ModelCardData
+
+    ds = _dataset(ev["dataset"])
+    base_tags = [LIBRARY, ev["architecture"], "recurrent-neural-network", "language-model", ev["dataset"],
+                 "safetensors", "character-level" if ds.char_level else "word-level"]
+    return ModelCardData(model_name=name, eval_results=eval_results(ev), library_name=LIBRARY, license=license,
+                         datasets=[ds.hub_id], language="en", pipeline_tag=TASK_TYPE,
+                         tags=list(dict.fromkeys(base_tags + (tags or []))))
+
+
+def build_card(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *,
+               repo_id: str, revision: str, license: str = "mit", figures: list[str] | None = None,
+               reference: dict[str, Any] | None = None, file_sizes: dict[str, int] | None = None) -> str:
+    """The full card (front matter + body) of a bundled model."""
+    data = card_data(name, ev, license=license)
+    body = _body(name, ev, log, config, repo_id=repo_id, revision=revision, license=license,
+                 figures=figures or [], reference=reference, file_sizes=file_sizes or {})
+    return f"---\n{data.to_yaml()}\n---\n\n{body}"
+
+
+def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *, repo_id: str,
+          revision: str, license: str, figures: list[str], reference: dict[str, Any] | None,
+          file_sizes: dict[str, int]) -> str:
+    ds = _dataset(ev["dataset"])
+    recipe = ev["recipe"]
+    arch = ev["architecture"]
+    rel = ev.get("release") or {"dtype": "float32", "valid": ev["valid"], "test": ev["test"]}
+    dtype = rel.get("dtype", "float32")
+    margs = config.get("model_args", {})
+    aargs = margs.get("arch_args", {})
+    tok = config.get("tokenizer", {})
+    metric = primary_metric(ev["dataset"])
+    epochs = [r for r in log if "valid_ppl" in r and "epoch" in r]
+    parts: list[str] = []
+    add = parts.append
+
+    add(f"# {name}\n")
+    desc = recipe.get("description") or ""
+    title = ARCH_TITLES.get(arch, arch)
+    add(f"{'An' if title[0] in 'aeiouAEIL' else 'A'} {title} language model trained on {ds.title}, from the "
+        f"`{LIBRARY}` model zoo. {desc}".rstrip() + "\n")
+
+    add("## Results\n")
+    add("Corpus-level results of the shipped weights on the standard splits (stateful evaluation, see "
+        "*Evaluation* below). Lower is better.\n")
+    header = "| | valid | test |\n|---|---:|---:|"
+    rows = [f"| perplexity ({dtype} weights, as shipped) | {rel['valid']['ppl']:.3f} | {rel['test']['ppl']:.3f} |"]
+    if ds.char_level:
+        rows.append(f"| bits per character ({dtype}, as shipped) | {rel['valid']['bits_per_token']:.4f} | "
+                    f"{rel['test']['bits_per_token']:.4f} |")
+    if dtype != "float32":
+        rows.append(f"| perplexity (float32, before the cast) | {ev['valid']['ppl']:.3f} | {ev['test']['ppl']:.3f} |")
+    if reference:
+        unit = reference.get("metric", metric)
+        rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | "
+                    f"{_fmt(reference.get('valid'))} | {_fmt(reference.get('test'))} |")
+    add(header + "\n" + "\n".join(rows) + "\n")
+
+    add("## Usage\n")
+    add("```python\nimport zoo\n\n"
+        f'model = zoo.load("{name}")\n'
+        'report = model.score("the stock market fell sharply on monday")\n'
+        'print(report.texts[0]["ppl"])\n'
+        'print(model.generate("the company said", max_new_tokens=20, seed=0))\n```\n')
+    add(f"Command line: `zoo score {name} --text \"...\"`, `zoo generate {name} --prompt \"...\"`, "
+        f"`zoo eval {name} --dataset {ev['dataset']}`. From the Hub: `zoo download {name}` "
+        f"(repository `{repo_id}`, revision `{revision}`; every file is checked against the sha256 in the "
+        "zoo's catalogue).\n")
+
+    add("## Model details\n")
+    details = [f"- Architecture: `{arch}` ({ARCH_TITLES.get(arch, arch)})",
+               f"- Parameters: {ev['num_parameters']:,}",
+               f"- Vocabulary: {margs.get('vocab_size', 'n/a'):,} tokens, normalisation `{tok.get('normalization')}`"
+               if isinstance(margs.get("vocab_size"), int) else "- Vocabulary: see vocab.json",
+               f"- Embedding size {margs.get('emb_size')}, tied input/output embeddings: "
+               f"{'yes' if margs.get('tie_weights') else 'no'}, input encoding `{margs.get('input_encoding')}`",
+               "- Recurrent stack: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(aargs.items()))]
+    if file_sizes:
+        details.append("- Files: " + ", ".join(f"`{f}` ({s / 1e6:.2f} MB)" if s >= 1e5 else f"`{f}` ({s:,} B)"
+                                               for f, s in sorted(file_sizes.items())))
+    add("\n".join(details) + "\n")
+
+    add("## Training\n")
+    train = recipe.get("train", {})
+    add(f"- Data: {ds.title}, train split; model selection on the validation split; the test split was "
+        "evaluated once, on the best-validation checkpoint.")
+    add(f"- Hardware: {ev.get('device', 'n/a')}, {ev.get('world_size', 1)} process(es)")
+    add(f"- Training time: {format_duration(ev['train_seconds'])} ({ev['train_seconds']:.0f} s of training "
+        f"steps, evaluation excluded) over {ev['epochs_trained']} epochs (recipe: {train.get('epochs')}); "
+        f"best validation at epoch {ev['best_epoch']}")
+    if epochs:
+        speeds = [r["tokens_per_s"] for r in epochs if "tokens_per_s" in r]
+        if speeds:
+            add(f"- Throughput: {sum(speeds) / len(speeds):,.0f} training tokens/s on average")
+    add("")
+    rname = recipe.get("name", name)
+    where = (f"`zoo train {rname}` (the recipe file `zoo/recipes/{rname}.toml`)" if (RECIPES_DIR / f"{rname}.toml")
+             .is_file() else "`zoo train recipe.toml` with this recipe saved as `recipe.toml`")
+    add(f"The exact recipe, every hyper-parameter as recorded by the training run (reproduce with {where}):\n")
+    add("```toml\n" + to_toml(recipe) + "\n```\n")
+    for fig in figures:
+        add(f"![Training curve of {name}]({fig})\n")
+    if epochs:
+        add("Training log (from `log.jsonl`):\n")
+        lines = ["| epoch | train ppl | valid ppl | lr | seconds | optimizer |", "|---:|---:|---:|---:|---:|---|"]
+        for r in epochs:
+            lines.append(f"| {r['epoch']}{' *' if r.get('best') else ''} | {_fmt(r.get('train_ppl'))} | "
+                         f"{_fmt(r.get('valid_ppl'))} | {r.get('lr', float('nan')):.4g} | "
+                         f"{_fmt(r.get('seconds'), 0)} | {r.get('optimizer', '')} |")
+        add("\n".join(lines) + "\n\n`*`: a new best validation loss (checkpoint kept).\n")
+
+    add("## Evaluation\n")
+    add(f"Standard stateful protocol: each split is one token stream cut into batch columns; the state is carried "
+        f"across {ev['valid'].get('bptt')}-token chunks and every next-token prediction is counted once. Valid: batch "
+        f"size {ev['valid'].get('batch_size')}, {ev['valid'].get('num_tokens'):,} predictions; test: batch size "
+        f"{ev['test'].get('batch_size')}, {ev['test'].get('num_tokens'):,} predictions. "
+        + ("Bits per character = bits per token (each token is one character, `_` the word boundary, plus "
+           "`<eos>`). " if ds.char_level else "")
+        + f"Reproduce with `zoo eval {name} --dataset {ev['dataset']} --split test --batch-size "
+        f"{ev['test'].get('batch_size')}`.\n")
+
+    add("## Storage precision\n")
+    if dtype == "float32":
+        add("Weights are stored in float32.\n")
+    else:
+        add(f"Weights are stored in {dtype} (half the size) and computed in float32 after loading. Measured effect "
+            f"of the cast: valid perplexity {ev['valid']['ppl']:.4f} -> {rel['valid']['ppl']:.4f} "
+            f"({rel.get('valid_ppl_change', 0.0):+.4%}), test perplexity {ev['test']['ppl']:.4f} -> "
+            f"{rel['test']['ppl']:.4f} ({rel.get('test_ppl_change', 0.0):+.4%}).\n")
+
+    add("## Limitations\n")
+    lim = [f"- Trained only on {ds.title}: {'1989 Wall Street Journal text' if 'ptb' in ev['dataset'] else 'Wikipedia'}"
+           " with that benchmark's preprocessing. Text outside it scores poorly: "
+           + ("characters outside the 50-symbol alphabet are unknown." if ds.char_level else
+              "words outside the closed vocabulary map to `<unk>` (see `oov` / `num_unk` in score reports), "
+              "and the input is normalised to the benchmark's conventions before scoring."),
+           "- A small research model: its samples are not fluent and it must not be used to make decisions "
+           "about people or to generate text presented as factual.",
+           "- Perplexities are only comparable between models with the same vocabulary and tokenisation.",
+           f"- Data licence: {ds.licence}. Model licence: {license}."]
+    if reference:
+        lim.append(f"- The published reference ({reference.get('source', 'see recipe')}) may differ in model size "
+                   "or training budget; see the recipe comment for what was matched.")
+    add("\n".join(lim) + "\n")
+
+    add("## Citation\n")
+    add("If you use this model, please cite the paper(s) its architecture comes from:\n")
+    add("```bibtex\n" + "\n\n".join(BIBTEX[k] for k in citation_keys(arch, recipe)) + "\n```\n")
+    return "\n".join(parts)
+
+
+# -- the README models table -----------------------------------------------------------------------------------
+def models_table_markdown(cat: dict[str, Any] | None = None) -> str:
+    """The README's table of pretrained models, generated from the catalogue (``zoo bundle --readme-table``)."""
+    if cat is None:
+        from zoo.pretrained import catalog
+
+        cat = catalog()
+    lines = ["| name | architecture | params | data | epochs | training time | valid | test | metric | "
+             "published reference |", "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+    for name, m in sorted(cat.get("models", {}).items()):
+        met = m.get("metrics", {})
+        tr = m.get("training", {})
+        digits = 3 if met.get("metric") == "bits_per_char" else 2
+        ref = m.get("reference") or {}
+        ref_txt = (f"{_fmt(ref.get('valid'), digits)} / {_fmt(ref.get('test'), digits)} ({ref.get('source', '')})"
+                   if ref else "")
+        flag = " (default)" if name == cat.get("default") else ""
+        secs = tr.get("train_seconds")
+        lines.append(f"| `{name}`{flag} | {m.get('architecture', '')} | {m.get('num_parameters', 0) / 1e6:.2f}M | "
+                     f"{m.get('dataset', '')} | {tr.get('epochs', '')} | "
+                     f"{format_duration(secs) if secs is not None else ''} | {_fmt(met.get('valid'), digits)} | "
+                     f"{_fmt(met.get('test'), digits)} | {met.get('metric', '')} | {ref_txt} |")
+    return "\n".join(lines) + "\n"
