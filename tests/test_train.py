@@ -128,3 +128,32 @@ def test_torchrun_two_processes_match_one_process(tmp_path, tiny_data):
     for k in w1:
         if k.startswith("model."):
             torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_nonmonotone_trigger():
+    from zoo.train import nonmonotone_trigger
+
+    hist = [5.0, 4.8, 4.7, 4.75, 4.76, 4.77, 4.78]
+    assert not nonmonotone_trigger(hist[:5], 4.9, 5)  # not enough history yet
+    assert nonmonotone_trigger(hist, 4.85, 5)  # worse than 4.8, the best of the epochs before the last 5
+    assert not nonmonotone_trigger(hist, 4.75, 5)  # better than 4.8: keep SGD
+    assert nonmonotone_trigger([5.0, 4.7, 4.8, 4.8, 4.8, 4.8, 4.8], 4.75, 5)
+    assert not nonmonotone_trigger([5.0, 4.7, 4.8, 4.8, 4.8, 4.8, 4.8], 4.65, 5)
+
+
+@pytest.mark.parametrize("train_kw,expected", [
+    ({"optimizer": "sgd", "lr": 1.0, "lr_decay": 0.5, "lr_decay_start": 5}, [1, 1, 1, 1, 0.5, 0.25, 0.125]),
+    ({"optimizer": "adam", "lr": 3e-3, "cut_steps": [2, 4], "cut_rate": 10.0}, [3e-3, 3e-3, 3e-4, 3e-4, 3e-5, 3e-5]),
+])
+def test_lr_schedules(train_kw, expected):
+    """Zaremba's per-epoch halving after epoch 4; the aLSTM reference's lr cuts after given epochs."""
+    from zoo.train import TrainConfig, Trainer
+
+    t = Trainer.__new__(Trainer)
+    t.cfg = TrainConfig(**train_kw)
+    got = []
+    for epoch in range(1, len(expected) + 1):
+        t.epoch, t.lr = epoch, t.cfg.lr
+        t._lr_for_epoch()
+        got.append(t.lr)
+    assert got == pytest.approx(expected)

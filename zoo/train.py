@@ -119,6 +119,12 @@ def recipe_path(name_or_path: str) -> Path:
     raise FileNotFoundError(f"no recipe file {name_or_path!r} and no bundled recipe of that name")
 
 
+def nonmonotone_trigger(history: list[float], val_loss: float, nonmono: int) -> bool:
+    """AWD-LSTM's NT-ASGD condition: the validation loss is worse than the best one from more than
+    ``nonmono`` epochs ago (``history`` holds the earlier epochs' validation losses)."""
+    return len(history) > nonmono and val_loss > min(history[:-nonmono] if nonmono else history)
+
+
 # -- distributed -----------------------------------------------------------------------------------------
 def _dist_info() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
@@ -411,7 +417,7 @@ class Trainer:
                "best": improved, "wall_seconds": time.time() - self._start_wall}
         self._log_line(rec)
         if self.cfg.optimizer == "ntasgd" and not self.asgd:
-            if len(self.history) > self.cfg.nonmono and val["avg_nll"] > min(self.history[:-self.cfg.nonmono]):
+            if nonmonotone_trigger(self.history, val["avg_nll"], self.cfg.nonmono):
                 self.asgd = True
                 self.optimizer = self._make_optimizer("asgd")
                 self._log_line({"event": "switch_to_asgd", "epoch": self.epoch})
