@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     def model_cmd(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, or a checkpoint directory")
-        sp.add_argument("--backend", default="eager", choices=["eager", "torchscript", "onnx"],
+        sp.add_argument("--backend", default="eager", choices=["eager", "torchscript", "onnx", "onnx-int8"],
                         help="inference backend (default: eager PyTorch)")
         sp.add_argument("--revision", help="Hub revision (tag, branch or commit) to load")
         return sp

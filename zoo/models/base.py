@@ -14,14 +14,59 @@ Conventions (all architectures):
   training mode; ``step`` is the inference path and never applies dropout.
 * The output is the last layer's *undropped* hidden sequence, ``[B, T, output_size]``; output
   dropout and the decoder belong to :class:`zoo.lm.LanguageModel`.
+
+Fast paths: the aLSTM, HyperLSTM and p-norm GRU override ``forward`` with a fused sequence path (one
+autograd node per call with a hand-written backward, time-independent matmuls hoisted out of the time
+loop) that agrees with ``forward_reference`` to float32 rounding, gradients included
+(``tests/test_fast_paths.py``). It is the default for training and inference. For debugging, the plain
+reference loop is selected by the environment variable ``ZOO_REFERENCE_CELLS=1`` (read at import) or
+at run time by :func:`use_reference` (``zoo.models.base.use_reference(True)``), or for a block by the
+:func:`reference_cells` context manager. Under ``torch.jit`` tracing/scripting and ``torch.compile`` /
+``torch.export`` the reference loop is always used, so exporters see plain tensor ops.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
 
 State = tuple[Tensor, ...]
+
+_REFERENCE = os.environ.get("ZOO_REFERENCE_CELLS", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def use_reference(flag: bool = True) -> None:
+    """Select the plain reference loop (``True``) or the fast sequence paths (``False``) process-wide."""
+    global _REFERENCE
+    _REFERENCE = bool(flag)
+
+
+def reference_enabled() -> bool:
+    """Whether the reference loop is selected (``ZOO_REFERENCE_CELLS=1`` or :func:`use_reference`)."""
+    return _REFERENCE
+
+
+@contextlib.contextmanager
+def reference_cells(flag: bool = True) -> Iterator[None]:
+    """Context manager form of :func:`use_reference`; restores the previous choice on exit."""
+    previous = _REFERENCE
+    use_reference(flag)
+    try:
+        yield
+    finally:
+        use_reference(previous)
+
+
+def fast_path_allowed(x: Tensor) -> bool:
+    """True when a stack may take its fast path: not switched off, not being traced, scripted,
+    compiled or exported (those need the plain ops), and a non-empty sequence."""
+    if _REFERENCE or torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return False
+    return x.dim() == 3 and x.shape[1] > 0
 
 
 class RecurrentStack(nn.Module):

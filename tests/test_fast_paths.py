@@ -1,0 +1,180 @@
+"""The fast sequence paths (aLSTM, HyperLSTM, p-norm GRU) equal the plain reference loop.
+
+For every architecture variant of ``TINY_ARCHS`` (plus the aLSTM with the layer-0 wrap-around on and
+off, 3 layers, and every dropout switched on), in training mode (the same dropout draws: the RNG is
+seeded identically before each path) and in eval mode: outputs, final state and the gradients w.r.t.
+the input, the initial state and every parameter agree to 1e-5 in float32. Also: the reference
+switch (``use_reference`` / ``reference_cells`` / ``ZOO_REFERENCE_CELLS=1``) really selects the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, TINY_ARCHS
+from zoo.models.base import RecurrentStack, reference_cells, reference_enabled, use_reference
+from zoo.registry import build_stack
+
+TOL = 1e-5
+IN, OUT, B, T = 8, 12, 3, 6
+
+#: Dropout rates switched on for the training-mode comparison, per architecture.
+DROPOUT = {
+    "alstm": {"dropout_hidden": 0.3, "dropout_adapt": 0.2},
+    "hyperlstm": {"dropout_hidden": 0.3, "recurrent_dropout": 0.2, "hyper_recurrent_dropout": 0.1},
+    "pnorm_gru": {"dropout_hidden": 0.3},
+    "lstm": {},
+}
+
+VARIANTS: dict[str, tuple[str, dict]] = {name: spec for name, spec in TINY_ARCHS.items() if spec[0] != "lstm"}
+_alstm = TINY_ARCHS["alstm"][1]
+VARIANTS.update({
+    "alstm-wrap-3layers": ("alstm", dict(_alstm, num_layers=3, layer0_wraparound=True)),
+    "alstm-nowrap": ("alstm", dict(_alstm, layer0_wraparound=False)),
+    "alstm-nowrap-lstm-output-nobias": ("alstm", dict(_alstm, layer0_wraparound=False, adaptation_model="lstm",
+                                                      policy="output", adaptive_bias=False)),
+    "alstm-1layer": ("alstm", dict(_alstm, num_layers=1)),
+    "pnorm_gru-p3-1layer": ("pnorm_gru", dict(TINY_ARCHS["pnorm_gru"][1], p=3.0, num_layers=1)),
+})
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: intra-op threads only add synchronisation (and on a busy 2-core box, waiting)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def forward_path(out: torch.Tensor) -> str:
+    """Which path produced ``out``: the fast paths are one autograd node (``*SequenceBackward``)."""
+    return "fast" if type(out.grad_fn).__name__.endswith("SequenceBackward") else "reference"
+
+
+def make(variant: str, train: bool) -> RecurrentStack:
+    arch, args = VARIANTS[variant]
+    args = dict(args, **(DROPOUT[arch] if train else {}))
+    torch.manual_seed(0)
+    stack = build_stack(arch, input_size=IN, output_size=OUT, **args)
+    with torch.no_grad():   # move away from the structured init (zeros, ones) so every path matters
+        for p in stack.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return stack.train(train)
+
+
+def run(stack: RecurrentStack, x: torch.Tensor, state: tuple, reference: bool) -> tuple[list, list]:
+    """Forward + backward of a random linear function of the output and final state.
+
+    The cotangents are ``N(0, 0.5^2)``: float32 gradients of magnitude ~10 (layer norm) already differ
+    by ~1e-5 between two correct summation orders, which is the reference's own rounding error too."""
+    x = x.clone().requires_grad_()
+    state = tuple(s.clone().requires_grad_() for s in state)
+    stack.zero_grad(set_to_none=True)
+    torch.manual_seed(123)      # identical dropout draws in both paths
+    with reference_cells(reference):
+        out, new = stack(x, state)
+        path = forward_path(out)
+    gen = torch.Generator().manual_seed(7)
+    loss = (out * torch.randn(out.shape, generator=gen)).sum()
+    for s in new:
+        loss = loss + (s * torch.randn(s.shape, generator=gen)).sum()
+    loss = 0.5 * loss
+    loss.backward()
+    values = [out.detach(), *(s.detach() for s in new)]
+    grads = [x.grad, *(s.grad for s in state)] + [p.grad for p in stack.parameters()]
+    return values + grads, [path]
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_fast_equals_reference(variant: str, train: bool) -> None:
+    stack = make(variant, train)
+    torch.manual_seed(1)
+    x = torch.randn(B, T, IN)
+    state = tuple(0.5 * torch.randn_like(s) for s in stack.init_state(B))
+    fast, (fast_path,) = run(stack, x, state, reference=False)
+    ref, (ref_path,) = run(stack, x, state, reference=True)
+    assert fast_path == "fast" and ref_path == "reference"
+    names = ["out"] + [f"state:{n}" for n in stack.state_names()] + ["d x"] + [
+        f"d state:{n}" for n in stack.state_names()] + [f"d {n}" for n, _ in stack.named_parameters()]
+    assert len(fast) == len(ref) == len(names)
+    for name, a, b in zip(names, fast, ref, strict=True):
+        assert a is not None and b is not None, name
+        diff = (a - b).abs().max().item()
+        assert diff <= TOL, f"{variant} {name}: max abs diff {diff:.2e}"
+    if train:   # dropout really was on: a different seed changes the output
+        torch.manual_seed(99)
+        other, _ = stack(x, state)
+        assert not torch.allclose(other, fast[0])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_inference_path_equals_reference(variant: str) -> None:
+    """The no-grad path (no autograd node, ring buffers) gives the same outputs and carried state."""
+    stack = make(variant, train=False)
+    x = torch.randn(2, 9, IN)
+    with torch.no_grad():
+        out, st = stack(x[:, :4])
+        out2, st2 = stack(x[:, 4:], st)
+        ref, ref_st = stack.forward_reference(x)
+    torch.testing.assert_close(torch.cat((out, out2), 1), ref, atol=TOL, rtol=0)
+    for a, b in zip(st2, ref_st, strict=True):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+    # training mode without autograd (dropout on, same draws)
+    stack = make(variant, train=True)
+    with torch.no_grad():
+        torch.manual_seed(5)
+        out, st = stack(x)
+        torch.manual_seed(5)
+        ref, ref_st = stack.forward_reference(x)
+    torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
+    for a, b in zip(st, ref_st, strict=True):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+def test_reference_switch() -> None:
+    stack = make("alstm", train=True)
+    x = torch.randn(B, T, IN, requires_grad=True)
+    assert not reference_enabled()
+    assert forward_path(stack(x)[0]) == "fast"
+    use_reference(True)
+    try:
+        assert reference_enabled()
+        assert forward_path(stack(x)[0]) == "reference"
+    finally:
+        use_reference(False)
+    assert forward_path(stack(x)[0]) == "fast"
+    with reference_cells():
+        assert forward_path(stack(x)[0]) == "reference"
+    assert not reference_enabled()
+
+
+def test_reference_switch_by_environment() -> None:
+    code = ("import torch; from zoo.models.base import reference_enabled; "
+            "from zoo.registry import build_stack; "
+            "s = build_stack('pnorm_gru', input_size=3, output_size=4, hidden_size=4); "
+            "x = torch.randn(2, 3, 3, requires_grad=True); "
+            "print(reference_enabled(), type(s(x)[0].grad_fn).__name__)")
+    env = dict(os.environ, ZOO_REFERENCE_CELLS="1")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "StackBackward0"]   # torch.stack of the loop, not GRUSequenceBackward
+
+
+def test_tracing_uses_the_reference_loop() -> None:
+    """Exporters trace plain tensor ops: under ``torch.jit.trace`` the fast path steps aside."""
+    stack = make("hyperlstm", train=False)
+    x = torch.randn(1, 3, IN)
+    with torch.no_grad():
+        traced = torch.jit.trace(stack, (x,), check_trace=False)
+        graph = str(traced.inlined_graph)
+        out = traced(x)[0]
+        ref = stack.forward_reference(x)[0]
+    assert "aten::einsum" in graph and "aten::baddbmm" not in graph   # the reference's ops, not the fast path's
+    torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
