@@ -1,0 +1,241 @@
+"""Inference backends: the same ``init_state / forward / step`` runner protocol on TorchScript and ONNX Runtime.
+
+``zoo.load(name, backend="onnx")`` (and ``--backend`` on the CLI) swaps the eager
+:class:`~zoo.lm.LanguageModel` for one of these runners; scoring and generation call only the runner,
+so results agree with eager to float tolerance. Where the exported files come from, in order:
+
+1. ``exports/out/<name>/<format>/`` (``zoo export``; ``$ZOO_EXPORTS_DIR`` overrides the root),
+2. ``<checkpoint dir>/<format>/`` (a Hub snapshot that carries its exports),
+3. the export cache ``~/.cache/alstm-zoo/exports/<checkpoint sha256>/<format>/`` (``$ZOO_CACHE_DIR``),
+4. otherwise the model is exported into that cache on first use.
+
+An export is used only if its manifest names the same checkpoint hash and model arguments, so a
+stale export is never silently paired with other weights.
+
+Backends: ``eager``, ``torchscript``, ``onnx`` and ``onnx-int8`` (the dynamically quantised graphs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from zoo.export.common import cache_root, exports_root, read_manifest, weights_sha256
+
+BACKENDS = ("eager", "torchscript", "onnx", "onnx-int8")
+State = tuple[Tensor, ...]
+
+
+class BackendError(ValueError):
+    """An unknown backend, or one whose runtime is not installed (a user error: one line on the CLI)."""
+
+
+def _onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise BackendError("the onnx backends need onnxruntime: pip install 'alstm-zoo[export]'") from None
+    return onnxruntime
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the host's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def session_options(threads: int | None = None):
+    """ONNX Runtime settings for this machine: one intra-op thread per core, no inter-op parallelism,
+    and no spin-waiting (spinning threads would steal the few cores from the caller between runs)."""
+    ort = _onnxruntime()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or cpu_cores()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    return opts
+
+
+class OnnxRunner:
+    """Runs the exported sequence graph for ``forward`` and the step graph for ``step`` in ONNX Runtime."""
+
+    backend = "onnx"
+
+    def __init__(self, directory: str | os.PathLike, int8: bool = False, threads: int | None = None) -> None:
+        from zoo.export.onnx_graphs import out_name
+
+        ort = _onnxruntime()
+
+        self.directory = Path(directory)
+        manifest = read_manifest(self.directory)
+        if manifest is None or manifest.get("format") != "onnx":
+            raise FileNotFoundError(f"{self.directory}: no ONNX export (missing or unreadable export.json)")
+        files = manifest["files"]
+        seq_key, step_key = ("sequence_int8", "step_int8") if int8 else ("sequence", "step")
+        if seq_key not in files or step_key not in files:
+            raise FileNotFoundError(f"{self.directory}: no {'int8 ' if int8 else ''}graphs in the export")
+        self.manifest = manifest
+        self.int8 = int8
+        self.backend = "onnx-int8" if int8 else "onnx"
+        self.state_names: list[str] = manifest["state_names"]
+        self.state_shapes: list[list[int]] = manifest["state_shapes"]
+        self.vocab_size: int = manifest["vocab_size"]
+        self._outs = ["logits", *map(out_name, self.state_names)]
+        opts = session_options(threads)
+        providers = ["CPUExecutionProvider"]
+        self.sequence = ort.InferenceSession(str(self.directory / files[seq_key]), opts, providers=providers)
+        self.step_session = ort.InferenceSession(str(self.directory / files[step_key]), opts, providers=providers)
+
+    def init_state(self, batch_size: int, device: Any = None) -> State:
+        return tuple(torch.zeros(batch_size, *shape) for shape in self.state_shapes)
+
+    def _feed(self, first: str, tokens: Tensor, state: State) -> dict[str, np.ndarray]:
+        feed = {first: np.ascontiguousarray(tokens.detach().cpu().numpy(), dtype=np.int64)}
+        for name, s in zip(self.state_names, state, strict=True):
+            feed[name] = np.ascontiguousarray(s.detach().cpu().numpy(), dtype=np.float32)
+        return feed
+
+    def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        """``tokens [B, T]`` -> ``(logits [B, T, V], state)`` through the Scan graph."""
+        if state is None:
+            state = self.init_state(tokens.shape[0])
+        if tokens.shape[1] == 0:
+            return torch.zeros(tokens.shape[0], 0, self.vocab_size), tuple(state)
+        out = self.sequence.run(self._outs, self._feed("tokens", tokens, state))
+        return torch.from_numpy(out[0]), tuple(torch.from_numpy(o) for o in out[1:])
+
+    __call__ = forward
+
+    def step(self, token: Tensor, state: State) -> tuple[Tensor, State]:
+        """``token [B]`` -> ``(logits [B, V], state)`` through the step graph."""
+        out = self.step_session.run(self._outs, self._feed("token", token, state))
+        return torch.from_numpy(out[0]), tuple(torch.from_numpy(o) for o in out[1:])
+
+
+class TorchScriptRunner:
+    """Runs the exported TorchScript module (``forward`` loop over the traced step; ``step``)."""
+
+    backend = "torchscript"
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        from zoo.export.torchscript import load_torchscript
+
+        self.directory = Path(directory)
+        manifest = read_manifest(self.directory)
+        if manifest is None or manifest.get("format") != "torchscript":
+            raise FileNotFoundError(f"{self.directory}: no TorchScript export (missing or unreadable export.json)")
+        self.manifest = manifest
+        self.module, self.meta = load_torchscript(self.directory / manifest["files"]["module"])
+        self.state_names: list[str] = manifest["state_names"]
+
+    def init_state(self, batch_size: int, device: Any = None) -> State:
+        return tuple(self.module.init_state(batch_size))
+
+    @torch.no_grad()
+    def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        if state is None:
+            state = self.init_state(tokens.shape[0])
+        logits, new_state = self.module(tokens.long(), [s.float() for s in state])
+        return logits, tuple(new_state)
+
+    __call__ = forward
+
+    @torch.no_grad()
+    def step(self, token: Tensor, state: State) -> tuple[Tensor, State]:
+        logits, new_state = self.module.step(token.long(), [s.float() for s in state])
+        return logits, tuple(new_state)
+
+
+# -- finding or creating exports --------------------------------------------------------------------------------
+def _format_of(backend: str) -> str:
+    return "torchscript" if backend == "torchscript" else "onnx"
+
+
+def _usable(directory: Path, backend: str, sha256: str, model_args: dict[str, Any]) -> bool:
+    manifest = read_manifest(directory)
+    if manifest is None or manifest.get("format") != _format_of(backend):
+        return False
+    if manifest.get("checkpoint_sha256") != sha256 or manifest.get("model_args") != model_args:
+        return False
+    needed = ["sequence_int8", "step_int8"] if backend == "onnx-int8" else []
+    files = manifest.get("files", {})
+    return all(k in files for k in needed) and all((directory / f).is_file() for f in files.values())
+
+
+def candidate_dirs(model: Any, backend: str, sha256: str) -> list[Path]:
+    """Where an export of this checkpoint may already be, in the order they are tried."""
+    fmt = _format_of(backend)
+    dirs = []
+    if getattr(model, "name", None):
+        dirs.append(exports_root() / model.name / fmt)
+    if getattr(model, "directory", None) is not None:
+        dirs.append(Path(model.directory) / fmt)
+    dirs.append(cache_root() / sha256 / fmt)
+    return dirs
+
+
+def ensure_export(model: Any, backend: str) -> Path:
+    """The folder of a usable export for ``backend``; exports into the cache when there is none."""
+    if backend not in BACKENDS or backend == "eager":
+        raise BackendError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend != "torchscript":
+        _onnxruntime()
+    sha256 = weights_sha256(model)
+    for directory in candidate_dirs(model, backend, sha256):
+        if _usable(directory, backend, sha256, model.lm.config):
+            return directory
+    target = cache_root() / sha256 / _format_of(backend)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"zoo: exporting {getattr(model, 'name', 'model')} to {_format_of(backend)} (first use; cached in "
+          f"{target})", file=sys.stderr, flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        if backend == "torchscript":
+            from zoo.export.torchscript import export_torchscript
+
+            export_torchscript(model, tmp, sha256)
+        else:
+            from zoo.export.onnx_graphs import export_onnx
+
+            export_onnx(model, tmp, sha256, quantize="int8" if backend == "onnx-int8" else None)
+        if _usable(target, backend, sha256, model.lm.config):  # another process finished first: keep its files
+            return target
+        if target.exists():  # an older or partial export of the same checkpoint: replace it
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def make_runner(model: Any, backend: str, directory: str | os.PathLike | None = None) -> Any:
+    """A runner for ``backend`` over the model's export (found or created, unless ``directory`` is given)."""
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "eager":
+        return model.lm
+    directory = Path(directory) if directory is not None else ensure_export(model, backend)
+    if backend == "torchscript":
+        return TorchScriptRunner(directory)
+    return OnnxRunner(directory, int8=backend == "onnx-int8")
+
+
+def attach_backend(model: Any, backend: str, directory: str | os.PathLike | None = None) -> Any:
+    """Switch a :class:`~zoo.pretrained.ZooModel` to ``backend`` in place (and return it)."""
+    model.runner = make_runner(model, backend, directory)
+    model.backend = backend
+    return model

@@ -1,0 +1,53 @@
+"""Exports of any zoo model: ONNX (whole-sequence ``Scan`` graph + single-step graph, optional int8) and TorchScript.
+
+    from zoo.export import export_model
+    export_model(zoo.load("default"), "exports/out/default", formats=("onnx", "torchscript"), quantize="int8")
+
+Layout of an export folder (see exports/README.md): ``onnx/{model_sequence,model_step}[.int8].onnx``,
+``torchscript/model.pt``, each format folder with an ``export.json`` manifest (checkpoint hash, opset,
+state names, file hashes and the parity check against eager that ran right after the export).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from zoo.export.common import FORMATS, exports_root, read_manifest, weights_sha256, write_manifest
+
+__all__ = ["FORMATS", "export_model", "exports_root", "read_manifest", "weights_sha256"]
+
+
+def export_model(model: Any, out_dir: str | Path, formats: tuple[str, ...] = FORMATS, quantize: str | None = None,
+                 verify: bool = True, progress: bool = False) -> dict[str, dict[str, Any]]:
+    """Export ``model`` (a :class:`~zoo.pretrained.ZooModel`) into ``out_dir/<format>/``.
+
+    With ``verify`` the written files are loaded back and compared with eager PyTorch on (B, T) shapes
+    other than the export example; the result is stored in each manifest under ``parity``.
+    Returns ``{format: manifest}``.
+    """
+    from zoo.export.onnx_graphs import export_onnx
+    from zoo.export.torchscript import export_torchscript
+    from zoo.export.verify import check_parity
+
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ValueError(f"unknown export format {unknown[0]!r} (choose from {', '.join(FORMATS)})")
+    if quantize is not None and "onnx" not in formats:
+        raise ValueError("--quantize applies to the ONNX graphs: add the onnx format")
+    out_dir = Path(out_dir)
+    sha256 = weights_sha256(model)
+    results: dict[str, dict[str, Any]] = {}
+    for fmt in formats:
+        if progress:
+            print(f"exporting {fmt} ...", flush=True)
+        target = out_dir / fmt
+        if fmt == "onnx":
+            manifest = export_onnx(model, target, sha256, quantize=quantize)
+        else:
+            manifest = export_torchscript(model, target, sha256)
+        if verify:
+            manifest["parity"] = check_parity(model, fmt, target, int8=quantize == "int8")
+            write_manifest(target, manifest)
+        results[fmt] = manifest
+    return results

@@ -1,0 +1,64 @@
+"""``zoo export NAME --format onnx|torchscript|all [--quantize int8] [--out DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from zoo.export.common import FORMATS, exports_root
+
+
+def _size(path: Path) -> str:
+    n = path.stat().st_size
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import zoo
+    from zoo.export import export_model
+
+    formats = FORMATS if args.format == "all" else (args.format,)
+    if args.quantize and "onnx" not in formats:
+        print("zoo: error: --quantize int8 applies to the ONNX graphs (use --format onnx or all)", file=sys.stderr)
+        return 2
+    kwargs = {"revision": args.revision} if args.revision else {}
+    model = zoo.load(args.model, **kwargs)
+    out = Path(args.out) if args.out else exports_root() / model.name
+    try:
+        results = export_model(model, out, formats=formats, quantize=args.quantize, verify=not args.no_verify,
+                               progress=True)
+    except (RuntimeError, OSError) as e:  # exporter / quantizer / file system failures: one line, no traceback
+        print(f"zoo: error: export of {model.name} failed: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    failed = False
+    for fmt, manifest in results.items():
+        for fname in manifest["files"].values():
+            print(f"{out / fmt / fname}  ({_size(out / fmt / fname)})")
+        parity = manifest.get("parity")
+        if parity:
+            failed |= not parity["passed"]
+            print(f"  {fmt} vs eager on (B, T) in {[(r['batch'], r['time']) for r in parity['shapes']]}: "
+                  f"max |logit diff| {parity['max_abs_logit_diff']:.2e}, ppl rel diff {parity['ppl_rel_diff']:.2e}, "
+                  f"step vs sequence {parity['step_vs_sequence_abs_diff']:.2e} -> "
+                  f"{'ok' if parity['passed'] else 'FAILED'}")
+            if "int8" in parity:
+                q = parity["int8"]
+                print(f"  onnx int8 vs eager (random tokens): max |logit diff| {q['max_abs_logit_diff']:.2e}, "
+                      f"ppl rel diff {q['ppl_rel_diff']:.2e}")
+    print(f"checkpoint sha256 {next(iter(results.values()))['checkpoint_sha256']}")
+    if failed:
+        print("zoo: error: an export does not match eager PyTorch within tolerance", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add(subparsers) -> None:
+    sp = subparsers.add_parser("export", help="export a model to ONNX (sequence + step graphs) and/or TorchScript")
+    sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, or a checkpoint directory")
+    sp.add_argument("--format", default="all", choices=[*FORMATS, "all"], help="what to export (default: all)")
+    sp.add_argument("--quantize", choices=["int8"], help="also write dynamically quantised int8 ONNX graphs")
+    sp.add_argument("--out", help="output folder (default: exports/out/<model name>); formats go to <out>/<format>/")
+    sp.add_argument("--revision", help="Hub revision (tag, branch or commit) to load")
+    sp.add_argument("--no-verify", action="store_true", help="skip the parity check against eager PyTorch")
+    sp.set_defaults(func=cmd_export)

@@ -1,0 +1,558 @@
+"""``zoo serve build|start|stop|status``: the zoo's models behind TorchServe 0.12.
+
+Why it launches TorchServe's Java frontend itself instead of calling ``torchserve --start``: the
+launcher keeps one global pid file in /tmp (so only one server per machine, and ``--stop`` stops
+whichever that is), writes ``logs/`` and ``key_file.json`` into whatever the current directory is,
+and runs the workers with whichever ``python`` it was started from. Here every piece of runtime
+state (model store, logs, key file, pid, config) lives in one run dir (default
+``~/.cache/alstm-zoo/serve``, or ``--run-dir`` / ``$ZOO_SERVE_DIR``), several servers can run side
+by side on other ports, a server is stopped by its own PID, and the workers run with this
+interpreter (``--python``), the environment where ``zoo`` is importable, so the handler computes
+with the library's own code.
+
+Defaults are the secure ones: 127.0.0.1 only, token authorisation on, no model registration over
+the management API, bounded request sizes. Turning authorisation off is an explicit flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+SERVING_DIR = REPO_DIR / "serving"
+HANDLER_FILE = SERVING_DIR / "handler.py"
+DEFAULT_RUN_DIR = Path.home() / ".cache" / "alstm-zoo" / "serve"
+STATE_FILE, KEY_FILE = "server.json", "key_file.json"
+MAIN_CLASS = "org.pytorch.serve.ModelServer"
+#: TorchScript is left out on purpose: its archives are pickle-based and torch.jit is deprecated.
+SERVE_BACKENDS = ("eager", "onnx", "onnx-int8")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ServeError(ValueError):
+    """A user-facing problem (bad argument, port in use, server failed to start): one line, exit 2.
+
+    A ValueError so that ``zoo.cli.main`` reports it as a user error however the CLI was started
+    (``python -m zoo.cli`` runs cli.py as ``__main__``, where its ``UsageError`` is another class).
+    """
+
+
+@dataclass
+class ArchiveOptions:
+    """Settings baked into a .mar's model-config yaml (TorchServe's keys plus the handler's limits)."""
+
+    workers: int = 1
+    batch_size: int = 8
+    max_batch_delay: int = 20
+    response_timeout: int = 120
+    backend: str = "eager"
+    threads: int = 1
+    max_texts: int = 64
+    max_chars: int = 10_000
+    max_total_chars: int = 100_000
+    max_new_tokens: int = 512
+
+    def validate(self) -> None:
+        for key in ("workers", "batch_size", "response_timeout", "max_texts", "max_chars", "max_total_chars"):
+            if getattr(self, key) < 1:
+                raise ServeError(f"--{key.replace('_', '-')} must be >= 1")
+        for key in ("max_batch_delay", "threads", "max_new_tokens"):
+            if getattr(self, key) < 0:
+                raise ServeError(f"--{key.replace('_', '-')} must be >= 0")
+        if self.backend not in SERVE_BACKENDS:
+            raise ServeError(f"--backend must be one of {', '.join(SERVE_BACKENDS)}")
+
+
+@dataclass
+class ServerConfig:
+    """Where a server listens and what it allows; saved in the run dir's server.json."""
+
+    host: str = "127.0.0.1"
+    inference_port: int = 8080
+    management_port: int = 8081
+    metrics_port: int = 8082
+    worker_port: int = 0
+    disable_token_auth: bool = False
+    enable_model_api: bool = False
+    max_request_bytes: int = 1 << 20
+    max_response_bytes: int = 16 << 20
+    job_queue_size: int = 256
+    token_expiration_min: int = 60
+    java_heap_mb: int = 1024
+    models: dict[str, str] = field(default_factory=dict)
+
+    def url(self, kind: str) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{getattr(self, kind + '_port')}"
+
+
+# -- run dir and state -----------------------------------------------------------------------------------
+def run_dir_of(value: str | os.PathLike | None) -> Path:
+    return Path(value or os.environ.get("ZOO_SERVE_DIR") or DEFAULT_RUN_DIR).expanduser().resolve()
+
+
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def server_process(state: dict[str, Any] | None):
+    """The live frontend process recorded in ``state``, or None (a recycled PID is not ours)."""
+    import psutil
+
+    if not state or not state.get("pid"):
+        return None
+    try:
+        proc = psutil.Process(int(state["pid"]))
+        if MAIN_CLASS in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except (psutil.Error, ValueError):
+        return None
+    return None
+
+
+def read_keys(run_dir: Path) -> dict[str, str]:
+    """Inference/management/API keys from TorchServe's key file (empty when auth is off or not written yet)."""
+    try:
+        data = json.loads((run_dir / KEY_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {kind: data[kind]["key"] for kind in ("inference", "management", "API")
+            if isinstance(data.get(kind), dict) and "key" in data[kind]}
+
+
+# -- archives ---------------------------------------------------------------------------------------------------
+def resolve_checkpoint(source: str) -> Path:
+    """A checkpoint directory for a catalogue name, ``default``, or a path (Hub-aware when zoo.hub exists)."""
+    from zoo.pretrained import resolve_local
+
+    try:
+        from zoo.hub import resolve
+    except ImportError:
+        resolve = None
+    directory, _ = resolve(source) if resolve else resolve_local(source)
+    return Path(directory)
+
+
+def parse_model_spec(spec: str) -> tuple[str, str]:
+    """``NAME=SOURCE`` or ``SOURCE`` -> (served name, source); a directory is named after its config."""
+    if "=" in spec and not Path(spec).exists():
+        name, source = spec.split("=", 1)
+    else:
+        source = spec
+        path = Path(spec)
+        if path.is_dir():
+            try:
+                name = json.loads((path / "config.json").read_text(encoding="utf-8")).get("name") or path.name
+            except (OSError, json.JSONDecodeError):
+                name = path.name
+        else:
+            name = spec
+    if not NAME_RE.match(name):
+        raise ServeError(f"invalid model name {name!r}: use letters, digits, '_', '-', '.' (give NAME=SOURCE)")
+    return name, source
+
+
+def _render(template: Path, out: Path, values: dict[str, Any]) -> Path:
+    text = string.Template(template.read_text(encoding="utf-8")).substitute(
+        {k: str(v).lower() if isinstance(v, bool) else v for k, v in values.items()})
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
+def _archiver() -> list[str]:
+    exe = Path(sys.executable).parent / "torch-model-archiver"
+    if exe.is_file():
+        return [str(exe)]
+    found = shutil.which("torch-model-archiver")
+    if not found:
+        raise ServeError("torch-model-archiver not found: pip install 'alstm-zoo[serve]'")
+    return [found]
+
+
+def build_archive(source: str, model_store: Path, name: str | None = None,
+                  options: ArchiveOptions | None = None) -> Path:
+    """Package a checkpoint (plus the handler and its model-config yaml) as ``<model_store>/<name>.mar``."""
+    options = options or ArchiveOptions()
+    options.validate()
+    if not HANDLER_FILE.is_file():
+        raise ServeError(f"{HANDLER_FILE} not found: zoo serve needs the source checkout's serving/ folder")
+    name = name or parse_model_spec(source)[0]
+    if not NAME_RE.match(name):
+        raise ServeError(f"invalid model name {name!r}")
+    ckpt = resolve_checkpoint(source)
+    from zoo.checkpoint import CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE, read_config
+
+    read_config(ckpt)  # fail here, with the checkpoint's own message, rather than in a worker
+    weights = ckpt / WEIGHTS_FILE
+    if not weights.is_file():
+        raise ServeError(f"{weights}: missing")
+    extra = [ckpt / CONFIG_FILE, ckpt / VOCAB_FILE] + [p for p in (ckpt / "README.md",) if p.is_file()]
+    if options.backend != "eager":  # ship the verified ONNX export (found, or made now) inside the archive
+        from zoo.backends import ensure_export
+        from zoo.pretrained import ZooModel
+
+        export_dir = ensure_export(ZooModel.from_pretrained(ckpt, name=name), options.backend)
+    else:
+        export_dir = None
+    model_store.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="zoo-mar-") as tmp:
+        yaml_file = _render(SERVING_DIR / "model-config.yaml", Path(tmp) / "model-config.yaml", asdict(options))
+        if export_dir is not None:  # the archiver flattens a folder's contents: stage <folder>/onnx/ to keep onnx/
+            shutil.copytree(export_dir, Path(tmp) / "export" / export_dir.name)
+            extra.append(Path(tmp) / "export")
+        cmd = _archiver() + [
+            "--model-name", name, "--version", "1.0", "--handler", str(HANDLER_FILE),
+            "--serialized-file", str(weights), "--extra-files", ",".join(str(p) for p in extra),
+            "--config-file", str(yaml_file), "--export-path", str(model_store), "--force"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise ServeError(f"torch-model-archiver failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    return model_store / f"{name}.mar"
+
+
+# -- server lifecycle -----------------------------------------------------------------------------------------
+def java_version() -> int | None:
+    java = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if os.environ.get("JAVA_HOME") else shutil.which("java")
+    if not java:
+        return None
+    try:
+        out = subprocess.run([str(java), "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not m:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _http(url: str, key: str | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET without proxies (loopback): (status, body); status 0 when nothing answers."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (OSError, urllib.error.URLError):
+        return 0, b""
+
+
+def _load_failure(run_dir: Path) -> str | None:
+    """The worker's "Failed to load model" message: TorchServe would retry such a worker forever."""
+    log = run_dir / "logs" / "model_log.log"
+    if not log.is_file():
+        return None
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        msg = line.split(" - ", 1)[-1].strip()
+        if msg.startswith("Failed to load model"):
+            return msg[:400]
+    return None
+
+
+def model_workers(cfg: ServerConfig, run_dir: Path, name: str) -> list[dict[str, Any]]:
+    """The workers the management API describes for ``name`` (id, pid, status)."""
+    code, body = _http(f"{cfg.url('management')}/models/{name}", read_keys(run_dir).get("management"))
+    if code != 200:
+        return []
+    try:
+        return json.loads(body)[0].get("workers", [])
+    except (json.JSONDecodeError, IndexError, KeyError, AttributeError):
+        return []
+
+
+def wait_ready(cfg: ServerConfig, run_dir: Path, proc, timeout: float) -> None:
+    """Wait (bounded) until /ping is healthy and every model has a READY worker."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServeError(f"TorchServe exited with status {proc.returncode} during start; "
+                             f"see {run_dir / 'logs' / 'server.out'}")
+        failure = _load_failure(run_dir)
+        if failure:
+            raise ServeError(f"{failure} (see {run_dir / 'logs' / 'model_log.log'})")
+        keys = read_keys(run_dir)
+        if cfg.disable_token_auth or keys:
+            code, body = _http(f"{cfg.url('inference')}/ping", keys.get("inference"))
+            if code == 200 and b"Healthy" in body and all(
+                    any(w.get("status") == "READY" for w in model_workers(cfg, run_dir, n)) for n in cfg.models):
+                return
+        time.sleep(0.5)
+    raise ServeError(f"TorchServe was not healthy after {timeout:.0f} s; see {run_dir / 'logs'}")
+
+
+def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig,
+                 options: ArchiveOptions | None = None, build: bool = True, timeout: float = 180.0) -> dict[str, Any]:
+    """Build the archives, launch the frontend in ``run_dir``, wait until healthy; returns the saved state."""
+    if server_process(read_state(run_dir)):
+        raise ServeError(f"a server is already running from {run_dir} (zoo serve stop --run-dir {run_dir})")
+    version = java_version()
+    if version is None or version < 17:
+        raise ServeError("TorchServe needs Java 17 or newer (found: "
+                         f"{'none' if version is None else version}); run `make system-deps` or "
+                         "`apt-get install openjdk-17-jdk-headless`")
+    names = [n for n, _ in models]
+    if len(set(names)) != len(names):
+        raise ServeError(f"duplicate model names in {names}")
+    if not cfg.worker_port:
+        cfg.worker_port = 20000 + cfg.inference_port % 20000
+    ports = [cfg.inference_port, cfg.management_port, cfg.metrics_port]
+    if len(set(ports)) != 3:
+        raise ServeError(f"the inference, management and metrics ports must differ (got {ports})")
+    for port in ports:
+        if not _port_free(cfg.host, port):
+            raise ServeError(f"port {port} on {cfg.host} is in use (choose others with --inference-port, "
+                             "--management-port, --metrics-port)")
+    store, logs, tmp = run_dir / "model-store", run_dir / "logs", run_dir / "tmp"
+    if len(str(tmp / f".ts.sock.{cfg.worker_port + 99}")) > 100:  # unix socket paths are limited to 108 bytes
+        tmp = Path(tempfile.mkdtemp(prefix="zoo-serve-"))
+    if logs.is_dir():  # keep the previous run's logs for one more run, but never read them as this run's
+        shutil.rmtree(run_dir / "logs.prev", ignore_errors=True)
+        logs.rename(run_dir / "logs.prev")
+    shutil.rmtree(tmp / "models", ignore_errors=True)  # archives unpacked by an earlier run
+    for d in (store, logs, tmp):
+        d.mkdir(parents=True, exist_ok=True)
+    for name, source in models:
+        mar = store / f"{name}.mar"
+        if build:
+            build_archive(source, store, name, options)
+        elif not mar.is_file():
+            raise ServeError(f"{mar} not found (run zoo serve build, or start without --no-build)")
+    cfg.models = dict(models)
+    (run_dir / KEY_FILE).unlink(missing_ok=True)
+    metrics_cfg = shutil.copy(SERVING_DIR / "metrics.yaml", run_dir / "metrics.yaml")
+    conf = _render(SERVING_DIR / "config.properties", run_dir / "config.properties", {
+        **asdict(cfg), "model_store": store, "metrics_config": metrics_cfg,
+        "load_models": ",".join(f"{n}={n}.mar" for n in names),
+        "response_timeout": (options or ArchiveOptions()).response_timeout})
+    import ts
+
+    ts_home = Path(ts.__file__).resolve().parent.parent
+    vmargs = f"-Xmx{cfg.java_heap_mb}m -XX:+UseSerialGC".split()
+    cmd = [_java(), f"-Dmodel_server_home={ts_home}", f"-Djava.io.tmpdir={tmp}",
+           f"-Dlog4j.configurationFile=file://{SERVING_DIR / 'log4j2.xml'}", *vmargs,
+           "-cp", f".:{ts_home / 'ts' / 'frontend' / '*'}", MAIN_CLASS,
+           "--python", sys.executable, "-f", str(conf), "-s", str(store), "-ncs",
+           "-m", *[f"{n}={n}.mar" for n in names]]
+    if cfg.disable_token_auth:
+        cmd.append("--disable-token-auth")
+    if cfg.enable_model_api:
+        cmd.append("--enable-model-api")
+    env = dict(os.environ, LOG_LOCATION=str(logs), METRICS_LOCATION=str(logs), TEMP=str(tmp))
+    with open(logs / "server.out", "ab") as out:
+        proc = subprocess.Popen(cmd, cwd=run_dir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+    state = {"pid": proc.pid, "run_dir": str(run_dir), "started": time.time(), "config": asdict(cfg),
+             "logs": str(logs), "key_file": None if cfg.disable_token_auth else str(run_dir / KEY_FILE),
+             "inference": cfg.url("inference"), "management": cfg.url("management"), "metrics": cfg.url("metrics"),
+             "python": sys.executable, "tmp_dir": str(tmp)}
+    (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+    try:
+        wait_ready(cfg, run_dir, proc, timeout)
+    except BaseException:
+        stop_server(run_dir)
+        raise
+    return state
+
+
+def _java() -> str:
+    if os.environ.get("JAVA_HOME"):
+        return str(Path(os.environ["JAVA_HOME"]) / "bin" / "java")
+    return shutil.which("java") or "java"
+
+
+def stop_server(run_dir: Path, timeout: float = 30.0) -> bool:
+    """Stop the server recorded in ``run_dir`` by its PID (then its workers); False if none was running."""
+    import psutil
+
+    state = read_state(run_dir)
+    proc = server_process(state)
+    stopped = False
+    if proc is not None:
+        children = proc.children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        _, alive = psutil.wait_procs(children, timeout=10)
+        for child in alive:
+            child.kill()
+        stopped = True
+    if state and state.get("tmp_dir") and Path(state["tmp_dir"]).name.startswith("zoo-serve-"):
+        shutil.rmtree(state["tmp_dir"], ignore_errors=True)  # the short socket dir made for a long run dir
+    (run_dir / STATE_FILE).unlink(missing_ok=True)
+    (run_dir / KEY_FILE).unlink(missing_ok=True)
+    return stopped
+
+
+def server_status(run_dir: Path) -> dict[str, Any]:
+    state = read_state(run_dir)
+    proc = server_process(state)
+    if proc is None or state is None:
+        return {"running": False, "run_dir": str(run_dir), "logs": str(run_dir / "logs")}
+    cfg = ServerConfig(**state["config"])
+    code, body = _http(f"{cfg.url('inference')}/ping", read_keys(run_dir).get("inference"))
+    health = json.loads(body).get("status") if code == 200 else f"HTTP {code}" if code else "no answer"
+    models = {n: [{"pid": w.get("pid"), "status": w.get("status")} for w in model_workers(cfg, run_dir, n)]
+              for n in cfg.models}
+    return {**state, "running": True, "health": health, "models": models}
+
+
+# -- command line -----------------------------------------------------------------------------------------------
+def _describe(info: dict[str, Any]) -> str:
+    cfg = info["config"]
+    lines = [f"TorchServe running (pid {info['pid']}) from {info['run_dir']}",
+             f"  inference   {info['inference']}/predictions/<model>   (health: {info.get('health', 'Healthy')})",
+             f"  management  {info['management']}   metrics {info['metrics']}/metrics",
+             f"  models      {', '.join(cfg['models'])}",
+             f"  logs        {info['logs']}"]
+    if info["key_file"]:
+        lines += [f"  auth key    {info['key_file']} (token authorisation ON; keys expire after "
+                  f"{cfg['token_expiration_min']} min)",
+                  "  send it as  Authorization: Bearer <the file's inference key>, e.g.",
+                  f"    KEY=$({info['python']} -c 'import json,sys; print(json.load(open(sys.argv[1]))"
+                  f"[\"inference\"][\"key\"])' {info['key_file']})",
+                  f"    curl -H \"Authorization: Bearer $KEY\" -H 'Content-Type: application/json' "
+                  f"-d '{{\"task\": \"score\", \"texts\": [\"the cat sat on the mat\"]}}' "
+                  f"{info['inference']}/predictions/{next(iter(cfg['models']), 'default')}"]
+    else:
+        lines.append("  auth        OFF (--disable-token-auth): anyone who can reach the port can use it")
+    if cfg["host"] not in ("127.0.0.1", "localhost", "::1"):
+        lines.append(f"  WARNING     listening on {cfg['host']}, not loopback")
+    return "\n".join(lines)
+
+
+def _options(args: argparse.Namespace) -> ArchiveOptions:
+    return ArchiveOptions(**{k: getattr(args, k) for k in ArchiveOptions.__dataclass_fields__})
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    store = Path(args.model_store) if args.model_store else run_dir_of(args.run_dir) / "model-store"
+    for spec in args.model:
+        name, source = parse_model_spec(spec)
+        print(build_archive(source, store, name, _options(args)))
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    run_dir = run_dir_of(args.run_dir)
+    models = [parse_model_spec(s) for s in args.model] if args.model else [("default", "default")]
+    cfg = ServerConfig(host=args.host, inference_port=args.inference_port, management_port=args.management_port,
+                       metrics_port=args.metrics_port, worker_port=args.worker_port or 0,
+                       disable_token_auth=args.disable_token_auth, enable_model_api=args.enable_model_api,
+                       max_request_bytes=args.max_request_bytes, token_expiration_min=args.token_expiration_min)
+    print(f"starting TorchServe with {', '.join(f'{n} ({s})' for n, s in models)}; waiting for /ping "
+          f"(up to {args.timeout:.0f} s) ...", flush=True)
+    start_server(models, run_dir, cfg, _options(args), build=not args.no_build, timeout=args.timeout)
+    print(_describe(server_status(run_dir)))
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    run_dir = run_dir_of(args.run_dir)
+    print("TorchServe stopped" if stop_server(run_dir) else f"no server running from {run_dir}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    info = server_status(run_dir_of(args.run_dir))
+    if args.json:
+        print(json.dumps(info, indent=2))
+    elif info["running"]:
+        print(_describe(info))
+        for name, workers in info["models"].items():
+            print(f"  {name}: " + ", ".join(f"worker pid {w['pid']} {w['status']}" for w in workers))
+    else:
+        print(f"not running (run dir {info['run_dir']})")
+    return 0 if info["running"] else 1
+
+
+def _archive_args(p: argparse.ArgumentParser) -> None:
+    d = ArchiveOptions()
+    g = p.add_argument_group("archive (model-config yaml)")
+    g.add_argument("--workers", type=int, default=d.workers, help="worker processes per model")
+    g.add_argument("--batch-size", type=int, default=d.batch_size, help="requests batched per call (1 = off)")
+    g.add_argument("--max-batch-delay", type=int, default=d.max_batch_delay, help="ms to wait to fill a batch")
+    g.add_argument("--response-timeout", type=int, default=d.response_timeout, help="seconds per batch")
+    g.add_argument("--backend", default=d.backend, choices=SERVE_BACKENDS,
+                   help="eager PyTorch, or the model's ONNX export run by ONNX Runtime (packed into the .mar)")
+    g.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (0 = torch default)")
+    g.add_argument("--max-texts", type=int, default=d.max_texts, help="texts per score request")
+    g.add_argument("--max-chars", type=int, default=d.max_chars, help="characters per text or prompt")
+    g.add_argument("--max-total-chars", type=int, default=d.max_total_chars, help="characters per request")
+    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="server cap on max_new_tokens")
+
+
+def add(subparsers) -> None:
+    """Register ``zoo serve`` (see zoo/cli_extras.py)."""
+    serve = subparsers.add_parser("serve", help="serve models over HTTP with TorchServe (build/start/stop/status)")
+    sub = serve.add_subparsers(dest="serve_command", required=True)
+    run_dir_help = f"state, logs, key file and model store (default: $ZOO_SERVE_DIR or {DEFAULT_RUN_DIR})"
+
+    sp = sub.add_parser("build", help="package models as .mar archives")
+    sp.add_argument("model", nargs="+", help="catalogue name, `default`, checkpoint dir, or NAME=SOURCE")
+    sp.add_argument("--model-store", help="output folder (default: <run dir>/model-store)")
+    sp.add_argument("--run-dir", help=run_dir_help)
+    _archive_args(sp)
+    sp.set_defaults(func=cmd_build)
+
+    sp = sub.add_parser("start", help="start TorchServe (default: the default model, served as `default`)")
+    sp.add_argument("model", nargs="*", help="catalogue name, checkpoint dir, or NAME=SOURCE (default: default)")
+    sp.add_argument("--run-dir", help=run_dir_help)
+    sp.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    sp.add_argument("--inference-port", type=int, default=8080)
+    sp.add_argument("--management-port", type=int, default=8081)
+    sp.add_argument("--metrics-port", type=int, default=8082)
+    sp.add_argument("--worker-port", type=int, help="base of the worker socket numbers (default: from the "
+                    "inference port)")
+    sp.add_argument("--disable-token-auth", action="store_true",
+                    help="turn token authorisation OFF (local demos only)")
+    sp.add_argument("--enable-model-api", action="store_true",
+                    help="allow registering/unregistering models over the management API (off by default)")
+    sp.add_argument("--max-request-bytes", type=int, default=ServerConfig.max_request_bytes)
+    sp.add_argument("--token-expiration-min", type=int, default=ServerConfig.token_expiration_min)
+    sp.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /ping")
+    sp.add_argument("--no-build", action="store_true", help="serve the .mar files already in the model store")
+    _archive_args(sp)
+    sp.set_defaults(func=cmd_start)
+
+    sp = sub.add_parser("stop", help="stop the server of a run dir (by its PID)")
+    sp.add_argument("--run-dir", help=run_dir_help)
+    sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser("status", help="is it running, where are its logs and key file (exit 1 if not running)")
+    sp.add_argument("--run-dir", help=run_dir_help)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=cmd_status)
