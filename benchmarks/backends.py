@@ -14,10 +14,10 @@ an *untrained* model of a recipe's exact size (timing does not depend on the wei
 ``untrained`` in the results). Exports are written to a temporary folder with the parity check on.
 
     python benchmarks/backends.py                                   # bundled models + the aLSTM recipe size
-    python benchmarks/backends.py --model runs/x/best --recipe alstm-ptb-5m --readme exports/README.md
+    python benchmarks/backends.py --model runs/x/best --recipe alstm-ptb-5m
 
-Writes benchmarks/results/backends.json and prints the markdown table (``--readme`` also replaces the
-table between the ``backends-table`` markers of that file).
+Writes benchmarks/results/backends.json and the markdown table next to it (backends.md), prints the table,
+then regenerates the READMEs (``python -m zoo.readme``: the ``backends-table`` section of exports/README.md).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch
 from zoo.backends import cpu_cores, make_runner
 from zoo.export import export_model
 from zoo.pretrained import BUNDLED_DIR, ZooModel
+from zoo.readme import main as regenerate_readmes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BACKENDS = ("eager", "torchscript", "onnx", "onnx-int8")
@@ -46,7 +47,6 @@ BACKENDS = ("eager", "torchscript", "onnx", "onnx-int8")
 #: small machine shared with other work, torch's intra-op threads wait for a free core at every parallel
 #: op, which dominates small per-token ops; one thread shows eager without that cost.
 ROWS = ("eager", "eager-1thread", "torchscript", "onnx", "onnx-int8")
-MARK_START, MARK_END = "<!-- backends-table:start -->", "<!-- backends-table:end -->"
 
 
 def recipe_model(name: str) -> ZooModel:
@@ -175,15 +175,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: Path, table: str) -> None:
-    text = path.read_text(encoding="utf-8")
-    if MARK_START not in text or MARK_END not in text:
-        raise SystemExit(f"{path}: no {MARK_START} ... {MARK_END} markers to replace")
-    head, rest = text.split(MARK_START, 1)
-    _, tail = rest.split(MARK_END, 1)
-    path.write_text(f"{head}{MARK_START}\n{table}\n{MARK_END}{tail}", encoding="utf-8")
-
-
 def main() -> None:
     import onnxruntime
 
@@ -197,7 +188,6 @@ def main() -> None:
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=str(RESULTS / "backends.json"))
-    ap.add_argument("--readme", help="markdown file whose backends-table section is replaced by the new table")
     ap.add_argument("--note", help="a remark stored with the results and printed under the table")
     args = ap.parse_args()
     torch.set_flush_denormal(True)
@@ -229,10 +219,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     table = markdown(report)
+    out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
     print(table)
-    if args.readme:
-        update_readme(Path(args.readme), table)
-    print(f"wrote {out}")
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    regenerate_readmes([])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ graph (target: at most 1%), file sizes and evaluation times.
     python benchmarks/quantization.py                            # the catalogue default (bundled)
     python benchmarks/quantization.py --model runs/lstm-ptb-zaremba-small/best
 
-Writes benchmarks/results/quantization.json.
+Writes benchmarks/results/quantization.json and the markdown table next to it (quantization.md), then
+regenerates the READMEs (``python -m zoo.readme``: the ``quantization`` section of exports/README.md).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import torch
 from zoo.backends import make_runner
 from zoo.export import export_model
 from zoo.pretrained import ZooModel, load
+from zoo.readme import main as regenerate_readmes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_REL_CHANGE = 0.01
-MARK_START, MARK_END = "<!-- quantization:start -->", "<!-- quantization:end -->"
 
 
 def measure_int8_ppl(model: ZooModel, dataset: str = "ptb", split: str = "test", batch_size: int = 10,
@@ -84,16 +85,6 @@ def markdown(r: dict[str, Any]) -> str:
     ])
 
 
-def update_readme(path: Path, text: str) -> None:
-    """Replace the section between the quantization markers of ``path`` with ``text``."""
-    content = path.read_text(encoding="utf-8")
-    if MARK_START not in content or MARK_END not in content:
-        raise SystemExit(f"{path}: no {MARK_START} ... {MARK_END} markers to replace")
-    head, rest = content.split(MARK_START, 1)
-    _, tail = rest.split(MARK_END, 1)
-    path.write_text(f"{head}{MARK_START}\n{text}\n{MARK_END}{tail}", encoding="utf-8")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", help="catalogue name or checkpoint directory (default: default)")
@@ -102,7 +93,6 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=10)
     ap.add_argument("--bptt", type=int, default=70)
     ap.add_argument("--out", default=str(RESULTS / "quantization.json"))
-    ap.add_argument("--readme", help="markdown file whose quantization section is replaced by the result table")
     ap.add_argument("--note", help="a remark stored with the result and printed under the table")
     args = ap.parse_args()
     torch.set_flush_denormal(True)
@@ -115,13 +105,13 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(markdown(result) + "\n", encoding="utf-8")
     p = result["ppl"]
     print(f"{result['model']} {args.dataset}/{args.split}: ppl eager {p['eager']:.3f}, onnx {p['onnx']:.3f}, "
           f"onnx int8 {p['onnx-int8']:.3f} -> int8 change {100 * result['int8_rel_ppl_change_vs_onnx_float']:+.3f}% "
           f"(target within {100 * TARGET_REL_CHANGE:.0f}%: {'met' if result['target_met'] else 'NOT met'})")
-    if args.readme:
-        update_readme(Path(args.readme), markdown(result))
-    print(f"wrote {out}")
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    regenerate_readmes([])
 
 
 if __name__ == "__main__":

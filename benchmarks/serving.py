@@ -9,8 +9,10 @@ exception: must be 0), and the mean batch size the handler saw (its ``X-Zoo-Batc
     python benchmarks/serving.py                      # the default model, 16 clients, 30 s per setting
     python benchmarks/serving.py --model path/to/ckpt --duration 10
 
-Writes benchmarks/results/serving.json and prints a markdown table. Clients and server share the
-machine, so absolute numbers depend on its load; the on/off ratio is the comparable figure.
+Writes benchmarks/results/serving.json and the markdown table next to it (serving.md), prints the table,
+then regenerates the READMEs (``python -m zoo.readme``: the ``serving-benchmark`` section of
+serving/README.md). Clients and server share the machine, so absolute numbers depend on its load; the
+on/off ratio is the comparable figure.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tqdm.auto import tqdm
 
 from zoo.data import DataError, corpus_files
 from zoo.pretrained import ZooModel
+from zoo.readme import main as regenerate_readmes
 from zoo.serve import (
     ArchiveOptions,
     ServerConfig,
@@ -165,22 +168,10 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-README_START, README_END = "<!-- serving-benchmark:start", "<!-- serving-benchmark:end -->"
-
-
-def update_readme(path: Path, table: str, result: dict[str, Any]) -> None:
-    """Replace the table between the README's markers, so the README shows what the JSON holds."""
-    text = path.read_text(encoding="utf-8")
-    if README_START not in text or README_END not in text:
-        print(f"{path}: no benchmark markers; README not updated")
-        return
-    head, rest = text.split(README_START, 1)
-    marker_line, _ = rest.split("\n", 1)
-    tail = rest.split(README_END, 1)[1]
-    body = (f"Measured {result['date']} ({result['machine']['platform']}, load average at the end "
-            f"{result['machine']['load_avg_at_end'][0]:.1f}):\n\n{table}\n")
-    path.write_text(f"{head}{README_START}{marker_line}\n{body}{README_END}{tail}", encoding="utf-8")
-    print(f"updated {path}")
+def readme_text(result: dict[str, Any]) -> str:
+    """What serving.md holds (and the serving README shows): the conditions, then the table."""
+    return (f"Measured {result['date']} ({result['machine']['platform']}, load average at the end "
+            f"{result['machine']['load_avg_at_end'][0]:.1f}):\n\n{markdown(result)}")
 
 
 def main() -> None:
@@ -194,8 +185,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=ArchiveOptions.threads,
                     help="torch threads per worker (0 = torch default)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
-    ap.add_argument("--readme", default=str(Path(__file__).resolve().parent.parent / "serving" / "README.md"),
-                    help="README whose benchmark table to update ('' = none)")
     args = ap.parse_args()
 
     name, source = parse_model_spec(args.model)
@@ -221,11 +210,11 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    table = markdown(result)
-    print(table)
-    print(f"wrote {out}")
-    if args.readme:
-        update_readme(Path(args.readme), table, result)
+    text = readme_text(result)
+    out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    regenerate_readmes([])
     if on["errors"] or off["errors"]:
         raise SystemExit(f"errors during the load test: {on['error_kinds'] + off['error_kinds']}")
 

@@ -1,14 +1,20 @@
-"""Regenerate the README's generated sections from the catalogue and the benchmark results.
+"""Regenerate the READMEs' generated sections from the catalogue and the benchmark results.
 
-The README's numbers must come from files the evaluation and benchmark code wrote, so the sections
+The READMEs' numbers must come from files the evaluation and benchmark code wrote, so the sections
 between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` are produced here, never edited by hand:
 
-* ``models-table``: from ``zoo/catalog.json`` (itself written by ``zoo bundle`` from each run's eval.json),
-  plus the training-curve figures under ``model_cards/``;
-* ``benchmarks``: the markdown tables each benchmark wrote next to its JSON in ``benchmarks/results/``.
+* ``README.md``:
+  * ``models-table``: from ``zoo/catalog.json`` (itself written by ``zoo bundle`` from each run's eval.json),
+    plus the training-curve figures under ``model_cards/``;
+  * ``benchmarks``: the markdown tables each benchmark wrote next to its JSON in ``benchmarks/results/``;
+* ``exports/README.md``: ``quantization`` and ``backends-table``, from ``benchmarks/results/quantization.md``
+  and ``backends.md``;
+* ``serving/README.md``: ``serving-benchmark``, from ``benchmarks/results/serving.md``.
 
-    python -m zoo.readme          # rewrite README.md
-    python -m zoo.readme --check  # exit 1 if README.md is out of date (used by the tests)
+The benchmark scripts write those ``.md`` files and then call :func:`main` themselves.
+
+    python -m zoo.readme          # rewrite the READMEs
+    python -m zoo.readme --check  # exit 1 if a README is out of date (used by the tests)
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+RESULTS = Path("benchmarks") / "results"
 BENCHMARKS = [
     ("cells.md", "Cell speed (training and scoring tokens/s relative to the fused `nn.LSTM`)"),
     ("backends.md", "Inference backends (eager vs TorchScript vs ONNX Runtime)"),
@@ -40,34 +48,68 @@ def models_section(repo: Path = REPO) -> str:
 def benchmarks_section(repo: Path = REPO) -> str:
     parts = []
     for fname, title in BENCHMARKS:
-        path = repo / "benchmarks" / "results" / fname
+        path = repo / RESULTS / fname
         if path.is_file():
-            parts.append(f"### {title}\n\n{path.read_text().strip()}\n\n_Source: `benchmarks/results/{fname}`._")
+            parts.append(f"### {title}\n\n{path.read_text().strip()}\n\n_Source: `{RESULTS.as_posix()}/{fname}`._")
     return "\n\n".join(parts) if parts else "_No benchmark results yet: run `make bench`._"
 
 
+def result_section(name: str, repo: Path = REPO) -> str:
+    """The markdown ``benchmarks/<name>.py`` wrote to ``benchmarks/results/<name>.md``, or a placeholder."""
+    path = repo / RESULTS / f"{name}.md"
+    if path.is_file():
+        return path.read_text(encoding="utf-8").strip()
+    return f"_Not measured yet: run `python benchmarks/{name}.py`._"
+
+
+def _result(name: str) -> Callable[[Path], str]:
+    return lambda repo: result_section(name, repo)
+
+
+#: Each generated README (relative to the repository) -> its sections -> how to make a section's body.
+READMES: dict[str, dict[str, Callable[[Path], str]]] = {
+    "README.md": {"models-table": models_section, "benchmarks": benchmarks_section},
+    "exports/README.md": {"quantization": _result("quantization"), "backends-table": _result("backends")},
+    "serving/README.md": {"serving-benchmark": _result("serving")},
+}
+
+
 def render(text: str, sections: dict[str, str]) -> str:
+    """``text`` with the body between each section's ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` replaced."""
     for name, body in sections.items():
-        pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(<!-- {name}:end -->)", re.S)
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        pattern = re.compile(rf"({re.escape(start)}\n).*?({re.escape(end)})", re.S)
         if not pattern.search(text):
-            raise ValueError(f"README has no <!-- {name}:start --> ... <!-- {name}:end --> markers")
+            raise ValueError(f"section {name!r}: no {start} ... {end} markers")
         text = pattern.sub(lambda m, b=body: m.group(1) + b.strip() + "\n" + m.group(2), text)
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
+def render_file(rel: str, repo: Path = REPO) -> tuple[str, str]:
+    """``(current, regenerated)`` text of the README ``rel`` (a key of :data:`READMES`) under ``repo``."""
+    old = (repo / rel).read_text(encoding="utf-8")
+    try:
+        new = render(old, {name: make(repo) for name, make in READMES[rel].items()})
+    except ValueError as e:
+        raise ValueError(f"{rel}: {e}") from None
+    return old, new
+
+
+def main(argv: list[str] | None = None, repo: Path = REPO) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="fail if README.md is out of date")
+    ap.add_argument("--check", action="store_true", help="fail if a README is out of date")
     args = ap.parse_args(argv)
-    readme = REPO / "README.md"
-    old = readme.read_text()
-    new = render(old, {"models-table": models_section(), "benchmarks": benchmarks_section()})
-    if args.check:
-        if new != old:
-            print("README.md is out of date: run `python -m zoo.readme`", file=sys.stderr)
-            return 1
-        return 0
-    readme.write_text(new)
+    stale = []
+    for rel in READMES:
+        old, new = render_file(rel, repo)
+        if new == old:
+            continue
+        stale.append(rel)
+        if not args.check:
+            (repo / rel).write_text(new, encoding="utf-8")
+    if args.check and stale:
+        print(f"out of date: {', '.join(stale)}: run `python -m zoo.readme`", file=sys.stderr)
+        return 1
     return 0
 
 
