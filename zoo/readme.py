@@ -5,7 +5,8 @@ between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` are produced here, nev
 
 * ``README.md``:
   * ``models-table``: from ``zoo/catalog.json`` (itself written by ``zoo bundle`` from each run's eval.json),
-    plus the training-curve figures under ``model_cards/``;
+    the tier comparisons ``python -m zoo.tiers`` wrote to ``model_cards/tiers/*.md``, and the training-curve
+    figures under ``model_cards/``;
   * ``benchmarks``: the markdown tables each benchmark wrote next to its JSON in ``benchmarks/results/``;
 * ``exports/README.md``: ``quantization`` and ``backends-table``, from ``benchmarks/results/quantization.md``
   and ``backends.md``;
@@ -39,6 +40,8 @@ def models_section(repo: Path = REPO) -> str:
     from zoo.cards import models_table_markdown
 
     parts = [models_table_markdown().strip()]
+    for tier in sorted((repo / "model_cards" / "tiers").glob("*.md")):  # written by `python -m zoo.tiers`
+        parts.append(f"{tier.read_text(encoding='utf-8').strip()}\n\n_Source: `model_cards/tiers/{tier.stem}.json`._")
     curves = sorted((repo / "model_cards").glob("*curve*.png"))
     for png in curves:
         parts.append(f"![{png.stem}](model_cards/{png.name})")

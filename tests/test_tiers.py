@@ -1,0 +1,97 @@
+"""Tier comparisons: sweep points chosen on validation only, claims computed from the runs' own files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from zoo import readme, tiers
+
+TIERS = {
+    "t": {
+        "dataset": "ptb", "title": "test tier", "param_tolerance": 0.05,
+        "roles": {"alstm": ["a"], "lstm": ["l-light", "l-heavy"], "gru_p1": ["g1"], "gru": ["g2"]},
+        "claims": [
+            {"kind": "test_improvement", "model": "alstm", "baseline": "lstm", "min_rel": 0.08, "source": "s1"},
+            {"kind": "epochs_to_baseline_best", "model": "alstm", "baseline": "lstm", "max_ratio": 0.5,
+             "source": "s2"},
+            {"kind": "epochs_to_baseline_train", "model": "gru", "baseline": "gru_p1", "source": "s3"},
+        ],
+    }
+}
+
+
+def fake_run(root, name, valid_ppls, train_losses, valid, test, params=5_000_000, finished=True):
+    """A run dir with the files `zoo train` writes (log.jsonl records, eval.json), with chosen numbers."""
+    d = root / name
+    d.mkdir()
+    recs = [{"epoch": i + 1, "valid_ppl": v, "valid_loss": math.log(v), "train_loss": t, "seconds": 60.0}
+            for i, (v, t) in enumerate(zip(valid_ppls, train_losses, strict=True))]
+    (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    if finished:
+        ev = {"dataset": "ptb", "architecture": "x", "num_parameters": params, "train_seconds": 60.0 * len(recs),
+              "epochs_trained": len(recs), "valid": {"ppl": valid}, "test": {"ppl": test}}
+        (d / "eval.json").write_text(json.dumps(ev))
+    return d
+
+
+@pytest.fixture
+def runs(tmp_path):
+    fake_run(tmp_path, "a", [150, 120, 100, 90], [5.0, 4.6, 4.4, 4.3], valid=90, test=86)
+    # the heavy LSTM has the better validation but the worse test ppl: validation must decide
+    fake_run(tmp_path, "l-light", [160, 140, 125, 118], [5.0, 4.7, 4.5, 4.4], valid=118, test=90)
+    fake_run(tmp_path, "l-heavy", [170, 130, 115, 110], [5.1, 4.8, 4.6, 4.5], valid=110, test=100,
+             params=5_200_000)
+    fake_run(tmp_path, "g1", [150, 140, 130, 125], [5.0, 4.8, 4.6, 4.5], valid=125, test=120)
+    fake_run(tmp_path, "g2", [150, 135, 126, 120], [4.9, 4.5, 4.4, 4.3], valid=120, test=115, finished=False)
+    return tmp_path
+
+
+def test_claims_from_runs(runs):
+    rep = tiers.compare("t", runs, TIERS)
+    assert rep["roles"]["lstm"]["chosen"] == "l-heavy"  # best validation, although its test is worse
+    test_claim, conv, gru = rep["claims"]
+    assert test_claim["measured_rel"] == pytest.approx(1 - 86 / 100) and test_claim["met"] is True
+    # LSTM best valid 110 at epoch 4; the aLSTM is at or below 110 first at epoch 3: 0.75x > 0.5x
+    assert (conv["baseline_best_epoch"], conv["model_epoch_reached"]) == (4, 3)
+    assert conv["measured_ratio"] == pytest.approx(0.75) and conv["met"] is False
+    assert gru["met"] is None and "not finished" in gru["detail"]  # g2 has no eval.json yet
+    assert rep["param_budget"]["spread"] == pytest.approx(0.04) and rep["param_budget"]["met"] is True
+
+
+def test_train_loss_claim_and_markdown(runs):
+    (runs / "g2" / "eval.json").write_text(json.dumps({
+        "dataset": "ptb", "architecture": "pnorm_gru", "num_parameters": 5_000_000, "train_seconds": 240.0,
+        "epochs_trained": 4, "valid": {"ppl": 120}, "test": {"ppl": 115}}))
+    rep = tiers.compare("t", runs, TIERS)
+    gru = rep["claims"][2]
+    assert (gru["baseline_final_train_loss"], gru["model_epoch_reached"], gru["met"]) == (4.5, 2, True)
+    md = tiers.markdown(rep)
+    assert "| lstm | **l-heavy** | finished | 5.20M | 4 | 110.00 | 100.00 |" in md
+    assert "| s2 | **not met** |" in md and "| s3 | met |" in md
+
+
+def test_write_files_and_readme_picks_them_up(runs, tmp_path):
+    out = tmp_path / "repo" / "model_cards"
+    paths = tiers.write(tiers.compare("t", runs, TIERS), runs, out / "tiers", out)
+    assert [p.name for p in paths] == ["t.json", "t.md", "t-tier-curve.png"]
+    assert json.loads(paths[0].read_text())["roles"]["alstm"]["chosen"] == "a"
+    (tmp_path / "repo" / "zoo").mkdir()
+    section = readme.models_section(tmp_path / "repo")
+    assert "**test tier**" in section and "model_cards/tiers/t.json" in section and "t-tier-curve.png" in section
+
+
+def test_unknown_tier_is_a_clear_error(capsys):
+    assert tiers.main(["no-such-tier"]) == 2
+    assert "unknown tier 'no-such-tier'" in capsys.readouterr().err
+
+
+def test_bundled_tier_file_names_real_recipes():
+    from zoo.train import recipe_path
+
+    for tier in tiers.load_tiers().values():
+        for recipes in tier["roles"].values():
+            for name in recipes:
+                assert recipe_path(name).is_file()

@@ -1,0 +1,192 @@
+"""Tier comparisons: the papers' relative claims checked on runs trained here under one budget.
+
+A tier (``zoo/tiers.toml``) names roles (``alstm``, ``lstm``, ...), each a list of recipes: a single model or
+a short sweep. Each role is represented by its sweep point with the best *validation* metric (the test split
+never selects anything); the claims are then computed from the runs' ``eval.json`` and ``log.jsonl``, and
+written to ``model_cards/tiers/<tier>.json`` (numbers) and ``.md`` (the README's table), with a curve figure
+``model_cards/<tier>-tier-curve.png``. Roles whose runs are missing or unfinished are reported as such, and
+a claim that cannot be computed yet says so instead of guessing.
+
+    python -m zoo.tiers ptb-5m                 # reads runs/<recipe>/, writes model_cards/tiers/ptb-5m.*
+    python -m zoo.tiers ptb-5m --runs-dir /elsewhere/runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from zoo.cards import primary_metric, release_metrics
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+TIERS_FILE = PACKAGE_DIR / "tiers.toml"
+REPO = PACKAGE_DIR.parent
+
+
+def load_tiers(path: Path = TIERS_FILE) -> dict[str, Any]:
+    return tomllib.loads(path.read_text(encoding="utf-8"))
+
+
+def _epoch_metric(rec: dict[str, Any], metric: str) -> float:
+    """A log record's validation metric: perplexity, or bits per character for character-level data."""
+    return rec["valid_ppl"] if metric == "perplexity" else rec["valid_loss"] / math.log(2)
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """What a run dir holds: ``status`` (missing / training / finished), its epochs and, when finished, metrics."""
+    log_path = run_dir / "log.jsonl"
+    if not log_path.is_file():
+        return {"run": run_dir.name, "status": "missing"}
+    log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    epochs = [r for r in log if "epoch" in r and "valid_ppl" in r]
+    out: dict[str, Any] = {"run": run_dir.name, "status": "training", "epochs": epochs}
+    ev_path = run_dir / "eval.json"
+    if ev_path.is_file():
+        ev = json.loads(ev_path.read_text())
+        out.update(status="finished", metrics=release_metrics(ev), num_parameters=ev["num_parameters"],
+                   architecture=ev["architecture"], train_seconds=ev["train_seconds"],
+                   epochs_trained=ev["epochs_trained"], dataset=ev["dataset"])
+    return out
+
+
+def pick_role(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The finished sweep point with the lowest validation metric (None if none has finished)."""
+    done = [r for r in runs if r["status"] == "finished"]
+    return min(done, key=lambda r: r["metrics"]["valid"]) if done else None
+
+
+def _first_epoch(values: list[float], threshold: float) -> int | None:
+    return next((i + 1 for i, v in enumerate(values) if v <= threshold), None)
+
+
+def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None], metric: str) -> dict[str, Any]:
+    """Compute one claim from the chosen runs; ``met`` is None when a run it needs has not finished."""
+    model, base = chosen.get(claim["model"]), chosen.get(claim["baseline"])
+    res: dict[str, Any] = {k: claim[k] for k in ("kind", "model", "baseline", "source") if k in claim}
+    if model is None or base is None:
+        res.update(met=None, detail="not computed: a run it needs has not finished")
+        return res
+    res.update(model_run=model["run"], baseline_run=base["run"])
+    kind = claim["kind"]
+    if kind == "test_improvement":
+        rel = 1 - model["metrics"]["test"] / base["metrics"]["test"]
+        res.update(target_min_rel=claim["min_rel"], measured_rel=rel, met=rel >= claim["min_rel"],
+                   detail=f"test {metric}: {model['metrics']['test']:.4g} vs {base['metrics']['test']:.4g} "
+                          f"({100 * rel:+.1f}% lower; target {100 * claim['min_rel']:.0f}%)")
+    elif kind == "epochs_to_baseline_best":
+        base_vals = [_epoch_metric(r, metric) for r in base["epochs"]]
+        best = min(base_vals)
+        base_epoch = base_vals.index(best) + 1
+        reached = _first_epoch([_epoch_metric(r, metric) for r in model["epochs"]], best)
+        ratio = reached / base_epoch if reached else None
+        res.update(baseline_best_valid=best, baseline_best_epoch=base_epoch, model_epoch_reached=reached,
+                   target_max_ratio=claim["max_ratio"], measured_ratio=ratio,
+                   met=ratio is not None and ratio <= claim["max_ratio"],
+                   detail=(f"baseline best valid {best:.4g} at epoch {base_epoch}; model reached it at epoch "
+                           f"{reached} ({ratio:.2f}x; target <= {claim['max_ratio']}x)" if reached else
+                           f"baseline best valid {best:.4g} at epoch {base_epoch}; model never reached it"))
+    elif kind == "epochs_to_baseline_train":
+        final = base["epochs"][-1]["train_loss"]
+        n_base = len(base["epochs"])
+        reached = _first_epoch([r["train_loss"] for r in model["epochs"]], final)
+        res.update(baseline_final_train_loss=final, baseline_epochs=n_base, model_epoch_reached=reached,
+                   met=reached is not None and reached < n_base,
+                   detail=(f"baseline final train loss {final:.4f} after {n_base} epochs; model reached it at "
+                           f"epoch {reached}" if reached else
+                           f"baseline final train loss {final:.4f} after {n_base} epochs; model never reached it"))
+    else:
+        raise ValueError(f"unknown claim kind {kind!r}")
+    return res
+
+
+def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The tier's report: every sweep point, the chosen run per role, the parameter budget and the claims."""
+    tiers = load_tiers() if tiers is None else tiers
+    if tier_name not in tiers:
+        raise KeyError(f"unknown tier {tier_name!r} (known: {', '.join(sorted(tiers))})")
+    tier = tiers[tier_name]
+    metric = primary_metric(tier["dataset"])
+    roles: dict[str, Any] = {}
+    chosen: dict[str, dict[str, Any] | None] = {}
+    for role, recipes in tier["roles"].items():
+        runs = [read_run(runs_dir / name) for name in recipes]
+        chosen[role] = pick_role(runs)
+        roles[role] = {"chosen": chosen[role]["run"] if chosen[role] else None,
+                       "sweep": [{k: v for k, v in r.items() if k != "epochs"} | {"epochs_logged": len(r.get(
+                           "epochs", []))} for r in runs]}
+    params = [c["num_parameters"] for c in chosen.values() if c]
+    budget = {"min": min(params), "max": max(params), "spread": max(params) / min(params) - 1,
+              "tolerance": tier["param_tolerance"]} if params else None
+    if budget:
+        budget["met"] = budget["spread"] <= 2 * budget["tolerance"]  # every model within +-tol of the midpoint
+    return {"tier": tier_name, "title": tier["title"], "dataset": tier["dataset"], "metric": metric,
+            "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "roles": roles,
+            "param_budget": budget, "claims": [check_claim(c, chosen, metric) for c in tier.get("claims", [])]}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The table the README shows: one row per sweep point (chosen ones in bold), then the claims."""
+    digits = 3 if report["metric"] == "bits_per_char" else 2
+    lines = [f"**{report['title']}** (metric: {report['metric']}; each role's sweep point chosen on validation)",
+             "", "| role | run | status | params | epochs | valid | test |", "|---|---|---|---:|---:|---:|---:|"]
+    for role, info in report["roles"].items():
+        for r in info["sweep"]:
+            name = f"**{r['run']}**" if r["run"] == info["chosen"] else r["run"]
+            m = r.get("metrics")
+            cells = ([f"{r['num_parameters'] / 1e6:.2f}M", str(r["epochs_trained"]), f"{m['valid']:.{digits}f}",
+                      f"{m['test']:.{digits}f}"] if m else ["", str(r["epochs_logged"] or ""), "", ""])
+            lines.append(f"| {role} | {name} | {r['status']} | " + " | ".join(cells) + " |")
+    b = report["param_budget"]
+    if b:
+        lines += ["", f"Parameter budget of the chosen runs: {b['min']:,} to {b['max']:,} "
+                      f"({100 * b['spread']:.1f}% spread; {'within' if b['met'] else 'OUTSIDE'} "
+                      f"+-{100 * b['tolerance']:.0f}%)."]
+    lines += ["", "| claim | result | measured |", "|---|---|---|"]
+    for c in report["claims"]:
+        verdict = {True: "met", False: "**not met**", None: "pending"}[c["met"]]
+        lines.append(f"| {c['source']} | {verdict} | {c['detail']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict[str, Any], runs_dir: Path, out_dir: Path, figure_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = report["tier"]
+    paths = [out_dir / f"{name}.json", out_dir / f"{name}.md"]
+    paths[0].write_text(json.dumps(report, indent=2) + "\n")
+    paths[1].write_text(markdown(report))
+    run_dirs = [runs_dir / r["run"] for info in report["roles"].values() for r in info["sweep"]
+                if r["status"] != "missing"]
+    if run_dirs:
+        from zoo.plots import plot_curves
+
+        metric = "valid_ppl" if report["metric"] == "perplexity" else "valid_loss"
+        paths.append(plot_curves(run_dirs, figure_dir / f"{name}-tier-curve.png", report["title"], metric=metric))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("tier", nargs="+", help="tier name(s) from zoo/tiers.toml")
+    ap.add_argument("--runs-dir", default=str(REPO / "runs"))
+    ap.add_argument("--out-dir", default=str(REPO / "model_cards" / "tiers"))
+    ap.add_argument("--figure-dir", default=str(REPO / "model_cards"))
+    args = ap.parse_args(argv)
+    for tier in args.tier:
+        try:
+            report = compare(tier, Path(args.runs_dir))
+        except KeyError as e:
+            print(f"error: {e.args[0]}", file=sys.stderr)
+            return 2
+        for p in write(report, Path(args.runs_dir), Path(args.out_dir), Path(args.figure_dir)):
+            print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
