@@ -64,6 +64,8 @@ def test_bundle_copies_release_writes_card_and_catalogue(bundled, tiny_run_dir):
     for f in ("model.safetensors", "vocab.json"):
         assert (d / f).read_bytes() == (tiny_run_dir / "release" / f).read_bytes()
     assert (bundled["pkg"] / "cards" / "tiny-card.md").read_text() == (d / "README.md").read_text()
+    for src, kept in (("eval.json", "tiny-card.eval.json"), ("log.jsonl", "tiny-card.log.jsonl")):
+        assert (bundled["pkg"] / "cards" / kept).read_bytes() == (tiny_run_dir / src).read_bytes()
     assert (bundled["pkg"] / "cards" / "tiny-card-curve.png").is_file()
     cat = bundled["catalog"]
     assert cat["default"] == "tiny-card"
@@ -231,6 +233,6 @@ def test_real_bundled_model_card_matches_catalogue(name):
     for fname, meta in entry["files"].items():
         assert sha256_file(d / fname) == meta["sha256"] and (d / fname).stat().st_size == meta["size"]
     assert (REPO / "model_cards" / f"{name}.md").read_text() == (d / "README.md").read_text()
-    run_eval = REPO / "runs" / name / "eval.json"  # the run itself, when it is on this machine
-    if run_eval.is_file():
-        assert cards.release_metrics(json.loads(run_eval.read_text())) == entry["metrics"]
+    # the evaluation file the bundle was made from is committed beside the card
+    run_eval = REPO / "model_cards" / f"{name}.eval.json"
+    assert cards.release_metrics(json.loads(run_eval.read_text())) == entry["metrics"]

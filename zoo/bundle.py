@@ -2,7 +2,8 @@
 
 A run dir made by ``zoo train`` holds ``release/`` (the checkpoint to ship), ``eval.json`` and
 ``log.jsonl``. Bundling copies the release files into ``zoo/pretrained/<name>/``, writes its model
-card (``README.md``, also copied to ``model_cards/<name>.md``), hashes every file, and records the
+card (``README.md``, also copied to ``model_cards/<name>.md``, beside the run's ``eval.json`` and
+``log.jsonl`` as ``<name>.eval.json`` / ``<name>.log.jsonl``), hashes every file, and records the
 model in the catalogue (``zoo/catalog.json``), which is what downloads are verified against.
 Every metric comes from ``eval.json``; nothing is typed. The target folders are parameters (and
 ``$ZOO_CATALOG`` / ``$ZOO_PRETRAINED_DIR`` / ``$ZOO_MODEL_CARDS_DIR``) so tests never touch the
@@ -239,6 +240,11 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
 
     cards.mkdir(parents=True, exist_ok=True)
     (cards / f"{name}.md").write_text(card, encoding="utf-8")
+    # The evaluation files the card and the catalogue were made from, kept beside the card so that every
+    # published number can be traced (and re-checked by the tests) on a fresh clone, without the run dir.
+    for src, suffix in (("eval.json", ".eval.json"), ("log.jsonl", ".log.jsonl")):
+        if (run / src).is_file():
+            shutil.copyfile(run / src, cards / f"{name}{suffix}")
     for f, fig_name in zip(figs, fig_names, strict=True):
         if f.resolve() != (cards / fig_name).resolve():
             shutil.copyfile(f, cards / fig_name)
