@@ -55,6 +55,7 @@ lint: venv
 bench: venv
 	$(PY) benchmarks/cells.py
 	$(PY) benchmarks/backends.py
+	$(PY) benchmarks/quantization.py
 	$(PY) benchmarks/serving.py
 
 clean:

@@ -87,3 +87,19 @@ def test_bad_input_exits_2_with_one_line(tiny_checkpoint, tmp_path, args, messag
     assert "Traceback" not in proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_default_model_scores_offline_from_the_bundled_copy(tmp_path):
+    """A fresh clone: `zoo score default` works with no network and an empty Hub cache (the bundled copy)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
+    env.pop("ZOO_CATALOG", None)
+    env.pop("ZOO_PRETRAINED_DIR", None)
+    cmd = [sys.executable, "-m", "zoo.cli"]
+    proc = subprocess.run([*cmd, "score", "default", "--text", "The Dow rose 3.5% on Monday.", "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout.splitlines()[0])
+    assert res["num_tokens"] == 8 and 1 < res["ppl"] < 10_000 and res["oov"] == 0
+    info = json.loads(subprocess.run([*cmd, "info", "default", "--json"], capture_output=True, text=True, env=env,
+                                     timeout=120, check=True).stdout)
+    assert info["source"].startswith("bundled") and info["num_parameters"] > 1_000_000
