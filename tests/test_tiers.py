@@ -95,3 +95,17 @@ def test_bundled_tier_file_names_real_recipes():
         for recipes in tier["roles"].values():
             for name in recipes:
                 assert recipe_path(name).is_file()
+
+
+def test_card_section_and_bundle_lookup(runs, tmp_path):
+    from zoo.bundle import tier_reports
+    from zoo.cards import comparison_section
+
+    cards = tmp_path / "cards"
+    tiers.write(tiers.compare("t", runs, TIERS), runs, cards / "tiers", cards)
+    assert tier_reports(cards, "nobody") == []
+    (rep,) = tier_reports(cards, "l-light")
+    text = comparison_section(rep, "l-light")
+    assert "`lstm` of the tier (a sweep point; `l-heavy` was chosen on validation)" in text
+    assert "| s1 | met |" in text and "| s2 | not met |" in text and "s3" not in text
+    assert "(chosen on validation among its sweep)" in comparison_section(rep, "a")

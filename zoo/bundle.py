@@ -166,6 +166,16 @@ def find_reference(ev: dict[str, Any], recipe_path: str | os.PathLike | None = N
     return {k: ref[k] for k in ("valid", "test", "metric", "source") if k in ref}
 
 
+def tier_reports(cards_dir: Path, run_name: str) -> list[dict[str, Any]]:
+    """The tier reports (``<cards>/tiers/*.json``, written by ``python -m zoo.tiers``) that include the run."""
+    reports = []
+    for path in sorted((cards_dir / "tiers").glob("*.json")):
+        rep = json.loads(path.read_text(encoding="utf-8"))
+        if any(r["run"] == run_name for info in rep.get("roles", {}).values() for r in info["sweep"]):
+            reports.append(rep)
+    return reports
+
+
 # -- bundling -----------------------------------------------------------------------------------------------
 def _figure_name(name: str, path: Path) -> str:
     return path.name if path.name.startswith(name) else f"{name}-{path.name}"
@@ -224,7 +234,8 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
             shutil.copyfile(f, stage / fig_names[-1])
         sizes = {f: (stage / f).stat().st_size for f in RELEASE_FILES}
         card = build_card(name, ev, log, config, repo_id=repo_id, revision=revision, license=license,
-                          figures=fig_names, reference=reference, file_sizes=sizes)
+                          figures=fig_names, reference=reference, file_sizes=sizes,
+                          comparisons=tier_reports(cards, ev["name"]))
         (stage / CARD_FILE).write_text(card, encoding="utf-8")
         files = file_records(stage)
         final = target_root / name

@@ -209,17 +209,20 @@ def card_data(name: str, ev: dict[str, Any], license: str = "mit", tags: list[st
 
 def build_card(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *,
                repo_id: str, revision: str, license: str = "mit", figures: list[str] | None = None,
-               reference: dict[str, Any] | None = None, file_sizes: dict[str, int] | None = None) -> str:
-    """The full card (front matter + body) of a bundled model."""
+               reference: dict[str, Any] | None = None, file_sizes: dict[str, int] | None = None,
+               comparisons: list[dict[str, Any]] | None = None) -> str:
+    """The full card (front matter + body) of a bundled model. ``comparisons``: the tier reports
+    (:mod:`zoo.tiers`) this run takes part in; the card states their claims, met or not."""
     data = card_data(name, ev, license=license)
     body = _body(name, ev, log, config, repo_id=repo_id, revision=revision, license=license,
-                 figures=figures or [], reference=reference, file_sizes=file_sizes or {})
+                 figures=figures or [], reference=reference, file_sizes=file_sizes or {},
+                 comparisons=comparisons or [])
     return f"---\n{data.to_yaml()}\n---\n\n{body}"
 
 
 def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *, repo_id: str,
           revision: str, license: str, figures: list[str], reference: dict[str, Any] | None,
-          file_sizes: dict[str, int]) -> str:
+          file_sizes: dict[str, int], comparisons: list[dict[str, Any]]) -> str:
     ds = _dataset(ev["dataset"])
     recipe = ev["recipe"]
     arch = ev["architecture"]
@@ -254,6 +257,9 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
         rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | "
                     f"{_fmt(reference.get('valid'))} | {_fmt(reference.get('test'))} |")
     add(header + "\n" + "\n".join(rows) + "\n")
+
+    for rep in comparisons:
+        add(comparison_section(rep, ev["name"]))
 
     add("## Usage\n")
     add("```python\nimport zoo\n\n"
@@ -346,6 +352,22 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     add("If you use this model, please cite the paper(s) its architecture comes from:\n")
     add("```bibtex\n" + "\n\n".join(BIBTEX[k] for k in citation_keys(arch, recipe)) + "\n```\n")
     return "\n".join(parts)
+
+
+def comparison_section(report: dict[str, Any], run_name: str) -> str:
+    """What a tier report (:mod:`zoo.tiers`) says about the role ``run_name`` plays in it."""
+    role = next(r for r, info in report["roles"].items() if any(x["run"] == run_name for x in info["sweep"]))
+    chosen = report["roles"][role]["chosen"]
+    lines = [f"## Comparison: {report['title']}\n",
+             f"This run is the `{role}` of the tier"
+             + (" (chosen on validation among its sweep)." if chosen == run_name else
+                f" (a sweep point; `{chosen}` was chosen on validation)." if chosen else ".")
+             + f" Full table: `model_cards/tiers/{report['tier']}.md` (generated {report['generated']}).\n"]
+    rows = [f"| {c['source']} | {({True: 'met', False: 'not met', None: 'pending'})[c['met']]} | {c['detail']} |"
+            for c in report["claims"] if role in (c["model"], c["baseline"])]
+    if rows:
+        lines.append("| claim | result | measured |\n|---|---|---|\n" + "\n".join(rows) + "\n")
+    return "\n".join(lines)
 
 
 # -- the README models table -----------------------------------------------------------------------------------
