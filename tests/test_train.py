@@ -157,3 +157,18 @@ def test_lr_schedules(train_kw, expected):
         t._lr_for_epoch()
         got.append(t.lr)
     assert got == pytest.approx(expected)
+
+
+def test_several_recipes_train_in_parallel_with_split_threads(tmp_path, tiny_data):
+    """`zoo train A B --jobs 2`: both runs finish into runs dirs, each child with one intra-op thread."""
+    a = write_recipe(tmp_path / "a.toml", arch="alstm", epochs=1)
+    b = write_recipe(tmp_path / "b.toml", arch="lstm", epochs=1)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = subprocess.run([sys.executable, "-m", "zoo.cli", "train", str(a), str(b), "--jobs", "2", "--run-dir",
+                           str(tmp_path / "runs"), "--data-dir", str(tiny_data)], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("tiny-alstm", "tiny-lstm"):
+        ev = json.loads((tmp_path / "runs" / name / "eval.json").read_text())
+        assert ev["epochs_trained"] == 1
+        assert ev["device"].endswith(f"{max(1, (os.cpu_count() or 1) // 2)} threads)")

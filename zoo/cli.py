@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,10 @@ def _train_parallel(args: argparse.Namespace) -> int:
     passthrough = [f for flag, val in (("--data-dir", args.data_dir), ("--device", args.device),
                                        ("--epochs", args.epochs), ("--max-minutes", args.max_minutes))
                    if val is not None for f in (flag, str(val))] + (["--resume"] if args.resume else [])
+    # Why: each child would otherwise start one intra-op thread per core, and N jobs on the same cores
+    # then fight over them; split the cores between the jobs unless the caller chose a thread count.
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     while pending or running:
         while pending and len(running) < args.jobs:
             path = pending.pop(0)
@@ -165,7 +170,7 @@ def _train_parallel(args: argparse.Namespace) -> int:
             run_dir.mkdir(parents=True, exist_ok=True)
             log = open(run_dir / "stdout.log", "a")
             cmd = [sys.executable, "-m", "zoo.cli", "train", str(path), "--run-dir", str(run_dir), *passthrough]
-            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), name))
+            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), name))
             print(f"started {name} -> {run_dir}/stdout.log", flush=True)
         for proc, name in list(running):
             if proc.poll() is not None:
