@@ -146,12 +146,14 @@ def test_load_by_name_downloads_verifies_then_second_load_is_cache_only(olah, en
     assert zoo.load("tiny-zoo").source == "hub cache"
 
 
-def test_download_by_tag_and_commit_and_local_dir(olah, env, tmp_path, capsys, monkeypatch):
+def test_download_by_tag_and_commit_and_local_dir(olah, env, pkg, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", olah["endpoint"])
     code, out, err = run_main(capsys, "download", "tiny-zoo", "--revision", "v1.0")
     assert code == 0, err
     snap = cache_repo(env["HF_HUB_CACHE"], "tiny-zoo") / "snapshots" / olah["commits"]["tiny-zoo"]
-    assert out == f"tiny-zoo: alstm-zoo/tiny-zoo@v1.0 from the download, sha256 verified for 4 files -> {snap}\n"
+    n_files = len(json.loads((pkg / "catalog.json").read_text())["models"]["tiny-zoo"]["files"])
+    assert out == (f"tiny-zoo: alstm-zoo/tiny-zoo@v1.0 from the download, sha256 verified for {n_files} files "
+                   f"-> {snap}\n")
     code, out, _ = run_main(capsys, "download", "tiny-zoo")  # by name: the pinned tag, now from the cache
     assert code == 0 and "@v1.0 from the cache" in out
     commit = olah["commits"]["tiny-zoo"]
@@ -159,8 +161,9 @@ def test_download_by_tag_and_commit_and_local_dir(olah, env, tmp_path, capsys, m
     code, out, err = run_main(capsys, "download", "tiny-zoo", "--revision", commit, "--local-dir",
                               str(tmp_path / "copy"))
     assert code == 0, err
-    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["README.md", "config.json",
-                                                                     "model.safetensors", "vocab.json"]
+    files = json.loads((pkg / "catalog.json").read_text())["models"]["tiny-zoo"]["files"]
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == sorted(files)
+    assert {"README.md", "config.json", "model.safetensors", "vocab.json"} <= set(files)
     assert zoo.load(tmp_path / "copy").source == "local path"
     code, _, err = run_main(capsys, "download", "tiny-zoo", "--revision", "v9.9")
     assert code == 2 and err.splitlines()[-1].startswith("zoo: error: ")
@@ -344,7 +347,8 @@ def test_publish_dry_run_prints_exactly_what_would_be_uploaded(publish_pkg, caps
     assert code == 0, err
     files = json.loads((p / "catalog.json").read_text())["models"]["tiny-zoo"]["files"]
     lines = out.splitlines()
-    assert lines[0].startswith("would upload 8 files") and "someorg/tiny" in lines[0] and "tag 'v1.0'" in lines[0]
+    assert lines[0].startswith(f"would upload {len(files) + len(EXPORTED)} files")
+    assert "someorg/tiny" in lines[0] and "tag 'v1.0'" in lines[0]
     listed = {ln.split()[0]: ln.split() for ln in lines[1:]}
     assert sorted(listed) == sorted([*files, *EXPORTED])
     for fname, meta in files.items():

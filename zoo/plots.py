@@ -39,8 +39,13 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
     ylabel = "validation perplexity" if metric == "valid_ppl" else metric
     ax1.set(xlabel="epoch", ylabel=ylabel, yscale="log")
     ax2.set(xlabel="training minutes (excluding evaluation)", ylabel=ylabel, yscale="log")
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 120, not 1.2 x 10^2, on the log axis
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
     ax1.legend(fontsize=8)
     if title:
         fig.suptitle(title)
