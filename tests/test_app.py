@@ -23,7 +23,6 @@ import pytest
 import torch
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import app  # noqa: E402
 from tests.conftest import REPO, TINY_ARCHS, tiny_lm, tiny_tokenizer  # noqa: E402

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import app  # noqa: E402
 from tests.conftest import REPO  # noqa: E402

@@ -113,6 +113,9 @@ def env(pkg, tmp_path, monkeypatch):
     """In-process settings: the temp catalogue, no bundled copies, an empty Hub cache, no Hub opt-in."""
     for k in ("HF_ENDPOINT", "HF_HUB_OFFLINE", "ZOO_HUB", "HF_HOME"):
         monkeypatch.delenv(k, raising=False)
+    # huggingface_hub reads HF_HUB_OFFLINE once, when first imported: a value another module of the session
+    # had set by then must not make these tests offline
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     values = {"ZOO_CATALOG": str(pkg / "catalog.json"), "ZOO_PRETRAINED_DIR": str(pkg / "empty"),
               "HF_HUB_CACHE": str(tmp_path / "cache")}
     for k, v in values.items():
