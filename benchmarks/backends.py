@@ -13,8 +13,8 @@ Models: every bundled model (``zoo/pretrained/*``), ``--model`` checkpoints, and
 an *untrained* model of a recipe's exact size (timing does not depend on the weights' values; marked
 ``untrained`` in the results). Exports are written to a temporary folder with the parity check on.
 
-    python benchmarks/backends.py                                   # bundled models + the aLSTM recipe size
-    python benchmarks/backends.py --model runs/x/best --recipe alstm-ptb-5m
+    python benchmarks/backends.py                                   # the bundled models
+    python benchmarks/backends.py --model runs/x/best --recipe hyperlstm-ptb-5m-medium
 
 Writes benchmarks/results/backends.json and the markdown table next to it (backends.md), prints the table,
 then regenerates the READMEs (``python -m zoo.readme``: the ``backends-table`` section of exports/README.md).
@@ -180,8 +180,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", default=[], help="checkpoint directory (repeatable)")
-    ap.add_argument("--recipe", nargs="*", default=["alstm-ptb-5m"],
-                    help="recipes whose untrained, full-size model is also timed (default: alstm-ptb-5m)")
+    ap.add_argument("--recipe", nargs="*", default=[],
+                    help="recipes whose untrained, full-size model is also timed (default: none)")
     ap.add_argument("--no-bundled", action="store_true", help="skip the bundled models")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
