@@ -75,7 +75,7 @@ def test_train_loss_claim_and_markdown(runs):
 
 def test_write_files_and_readme_picks_them_up(runs, tmp_path):
     out = tmp_path / "repo" / "model_cards"
-    paths = tiers.write(tiers.compare("t", runs, TIERS), runs, out / "tiers", out)
+    paths = tiers.write(tiers.compare("t", runs, TIERS), out / "tiers", out)
     assert [p.name for p in paths] == ["t.json", "t.md", "t-tier-curve.png"]
     assert json.loads(paths[0].read_text())["roles"]["alstm"]["chosen"] == "a"
     (tmp_path / "repo" / "zoo").mkdir()
@@ -102,10 +102,26 @@ def test_card_section_and_bundle_lookup(runs, tmp_path):
     from zoo.cards import comparison_section
 
     cards = tmp_path / "cards"
-    tiers.write(tiers.compare("t", runs, TIERS), runs, cards / "tiers", cards)
+    tiers.write(tiers.compare("t", runs, TIERS), cards / "tiers", cards)
     assert tier_reports(cards, "nobody") == []
     (rep,) = tier_reports(cards, "l-light")
     text = comparison_section(rep, "l-light")
     assert "`lstm` of the tier (a sweep point; `l-heavy` was chosen on validation)" in text
     assert "| s1 | met |" in text and "| s2 | not met |" in text and "s3" not in text
     assert "(chosen on validation among its sweep)" in comparison_section(rep, "a")
+
+
+def test_a_bundled_run_counts_without_its_run_dir(runs, tmp_path):
+    """On a fresh clone runs/ is empty: the log and eval.json kept beside the card stand in for the run."""
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    for src, dst in (("log.jsonl", "a.log.jsonl"), ("eval.json", "a.eval.json")):
+        (cards / dst).write_bytes((runs / "a" / src).read_bytes())
+    import shutil
+
+    shutil.rmtree(runs / "a")
+    rep = tiers.compare("t", runs, TIERS, cards_dir=cards)
+    (a,) = rep["roles"]["alstm"]["sweep"]
+    assert a["status"] == "finished" and a["log"].endswith("a.log.jsonl") and rep["claims"][0]["met"] is True
+    assert tiers.compare("t", runs, TIERS, cards_dir=tmp_path / "none")["roles"]["alstm"]["sweep"][0]["status"] \
+        == "missing"

@@ -10,9 +10,20 @@ import json
 from pathlib import Path
 
 
+def log_file(run: str | Path) -> Path:
+    """A run's ``log.jsonl``: ``run`` is a run dir, or the log file itself (e.g. ``model_cards/NAME.log.jsonl``)."""
+    run = Path(run)
+    return run if run.is_file() else run / "log.jsonl"
+
+
+def run_label(run: str | Path) -> str:
+    run = Path(run)
+    return run.name.removesuffix(".log.jsonl") if run.is_file() else run.name
+
+
 def read_log(run_dir: str | Path) -> list[dict]:
     """The per-epoch records of a run (events such as resume or ASGD switches are skipped)."""
-    lines = (Path(run_dir) / "log.jsonl").read_text().splitlines()
+    lines = log_file(run_dir).read_text().splitlines()
     return [r for r in map(json.loads, lines) if "valid_ppl" in r and "epoch" in r]
 
 
@@ -28,7 +39,7 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
         recs = read_log(run)
         if not recs:
             continue
-        label = Path(run).name
+        label = run_label(run)
         ys = [r[metric] for r in recs]
         minutes, total = [], 0.0
         for r in recs:
@@ -59,7 +70,7 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="run directories holding log.jsonl")
+    ap.add_argument("runs", nargs="+", help="run directories holding log.jsonl, or log files")
     ap.add_argument("--out", required=True)
     ap.add_argument("--title", default="")
     args = ap.parse_args()

@@ -7,7 +7,8 @@ written to ``model_cards/tiers/<tier>.json`` (numbers) and ``.md`` (the README's
 ``model_cards/<tier>-tier-curve.png``. Roles whose runs are missing or unfinished are reported as such, and
 a claim that cannot be computed yet says so instead of guessing.
 
-    python -m zoo.tiers ptb-5m                 # reads runs/<recipe>/, writes model_cards/tiers/ptb-5m.*
+    python -m zoo.tiers ptb-5m                 # reads runs/<recipe>/ (else the bundled copies of its log and
+                                               # eval.json in model_cards/), writes model_cards/tiers/ptb-5m.*
     python -m zoo.tiers ptb-5m --runs-dir /elsewhere/runs
 """
 
@@ -38,15 +39,25 @@ def _epoch_metric(rec: dict[str, Any], metric: str) -> float:
     return rec["valid_ppl"] if metric == "perplexity" else rec["valid_loss"] / math.log(2)
 
 
-def read_run(run_dir: Path) -> dict[str, Any]:
-    """What a run dir holds: ``status`` (missing / training / finished), its epochs and, when finished, metrics."""
-    log_path = run_dir / "log.jsonl"
+def run_files(name: str, runs_dir: Path, cards_dir: Path) -> tuple[Path, Path]:
+    """``(log.jsonl, eval.json)`` of a run: its run dir when present on this machine, else the copies that
+    ``zoo bundle`` keeps beside the card (``model_cards/NAME.log.jsonl`` / ``.eval.json``), so a finished and
+    bundled run counts in its tier on any clone."""
+    run_dir = runs_dir / name
+    if (run_dir / "log.jsonl").is_file():
+        return run_dir / "log.jsonl", run_dir / "eval.json"
+    return cards_dir / f"{name}.log.jsonl", cards_dir / f"{name}.eval.json"
+
+
+def read_run(name: str, runs_dir: Path, cards_dir: Path) -> dict[str, Any]:
+    """What a run has written: ``status`` (missing / training / finished), its epochs and, when finished, metrics."""
+    log_path, ev_path = run_files(name, runs_dir, cards_dir)
     if not log_path.is_file():
-        return {"run": run_dir.name, "status": "missing"}
+        return {"run": name, "status": "missing"}
     log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     epochs = [r for r in log if "epoch" in r and "valid_ppl" in r]
-    out: dict[str, Any] = {"run": run_dir.name, "status": "training", "epochs": epochs}
-    ev_path = run_dir / "eval.json"
+    shown = log_path.relative_to(REPO) if log_path.is_relative_to(REPO) else log_path
+    out: dict[str, Any] = {"run": name, "status": "training", "epochs": epochs, "log": shown.as_posix()}
     if ev_path.is_file():
         ev = json.loads(ev_path.read_text())
         out.update(status="finished", metrics=release_metrics(ev), num_parameters=ev["num_parameters"],
@@ -105,7 +116,8 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
     return res
 
 
-def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None) -> dict[str, Any]:
+def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
+            cards_dir: Path = REPO / "model_cards") -> dict[str, Any]:
     """The tier's report: every sweep point, the chosen run per role, the parameter budget and the claims."""
     tiers = load_tiers() if tiers is None else tiers
     if tier_name not in tiers:
@@ -115,7 +127,7 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None)
     roles: dict[str, Any] = {}
     chosen: dict[str, dict[str, Any] | None] = {}
     for role, recipes in tier["roles"].items():
-        runs = [read_run(runs_dir / name) for name in recipes]
+        runs = [read_run(name, runs_dir, cards_dir) for name in recipes]
         chosen[role] = pick_role(runs)
         roles[role] = {"chosen": chosen[role]["run"] if chosen[role] else None,
                        "sweep": [{k: v for k, v in r.items() if k != "epochs"} | {"epochs_logged": len(r.get(
@@ -154,19 +166,18 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(report: dict[str, Any], runs_dir: Path, out_dir: Path, figure_dir: Path) -> list[Path]:
+def write(report: dict[str, Any], out_dir: Path, figure_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     name = report["tier"]
     paths = [out_dir / f"{name}.json", out_dir / f"{name}.md"]
     paths[0].write_text(json.dumps(report, indent=2) + "\n")
     paths[1].write_text(markdown(report))
-    run_dirs = [runs_dir / r["run"] for info in report["roles"].values() for r in info["sweep"]
-                if r["status"] != "missing"]
-    if run_dirs:
+    logs = [REPO / r["log"] for info in report["roles"].values() for r in info["sweep"] if r["status"] != "missing"]
+    if logs:
         from zoo.plots import plot_curves
 
         metric = "valid_ppl" if report["metric"] == "perplexity" else "valid_loss"
-        paths.append(plot_curves(run_dirs, figure_dir / f"{name}-tier-curve.png", report["title"], metric=metric))
+        paths.append(plot_curves(logs, figure_dir / f"{name}-tier-curve.png", report["title"], metric=metric))
     return paths
 
 
@@ -183,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyError as e:
             print(f"error: {e.args[0]}", file=sys.stderr)
             return 2
-        for p in write(report, Path(args.runs_dir), Path(args.out_dir), Path(args.figure_dir)):
+        for p in write(report, Path(args.out_dir), Path(args.figure_dir)):
             print(p)
     return 0
 
