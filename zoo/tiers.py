@@ -50,14 +50,14 @@ def run_files(name: str, runs_dir: Path, cards_dir: Path) -> tuple[Path, Path]:
 
 
 def read_run(name: str, runs_dir: Path, cards_dir: Path) -> dict[str, Any]:
-    """What a run has written: ``status`` (missing / training / finished), its epochs and, when finished, metrics."""
+    """What a run has written: ``status`` (missing / unfinished / finished), its epochs and, when finished, metrics."""
     log_path, ev_path = run_files(name, runs_dir, cards_dir)
     if not log_path.is_file():
         return {"run": name, "status": "missing"}
     log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     epochs = [r for r in log if "epoch" in r and "valid_ppl" in r]
     shown = log_path.relative_to(REPO) if log_path.is_relative_to(REPO) else log_path
-    out: dict[str, Any] = {"run": name, "status": "training", "epochs": epochs, "log": shown.as_posix()}
+    out: dict[str, Any] = {"run": name, "status": "unfinished", "epochs": epochs, "log": shown.as_posix()}
     if ev_path.is_file():
         ev = json.loads(ev_path.read_text())
         out.update(status="finished", metrics=release_metrics(ev), num_parameters=ev["num_parameters"],
