@@ -89,7 +89,8 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
         rel = 1 - model["metrics"]["test"] / base["metrics"]["test"]
         res.update(target_min_rel=claim["min_rel"], measured_rel=rel, met=rel >= claim["min_rel"],
                    detail=f"test {metric}: {model['metrics']['test']:.4g} vs {base['metrics']['test']:.4g} "
-                          f"({100 * rel:+.1f}% lower; target {100 * claim['min_rel']:.0f}%)")
+                          f"({abs(100 * rel):.1f}% {'lower' if rel >= 0 else 'higher'}; target: at least "
+                          f"{100 * claim['min_rel']:.1f}% lower)")
     elif kind == "epochs_to_baseline_best":
         base_vals = [_epoch_metric(r, metric) for r in base["epochs"]]
         best = min(base_vals)
