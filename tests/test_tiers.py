@@ -58,6 +58,9 @@ def test_claims_from_runs(runs):
     assert (conv["baseline_best_epoch"], conv["model_epoch_reached"]) == (4, 3)
     assert conv["measured_ratio"] == pytest.approx(0.75) and conv["met"] is False
     assert gru["met"] is None and "not finished" in gru["detail"]  # g2 has no eval.json yet
+    (g2,) = rep["roles"]["gru"]["sweep"]
+    assert g2["status"] == "unfinished" and g2["last_valid"] == 120 and "(120.00 at its last epoch)" in \
+        tiers.markdown(rep)
     assert rep["param_budget"]["spread"] == pytest.approx(0.04) and rep["param_budget"]["met"] is True
 
 
@@ -125,3 +128,13 @@ def test_a_bundled_run_counts_without_its_run_dir(runs, tmp_path):
     assert a["status"] == "finished" and a["log"].endswith("a.log.jsonl") and rep["claims"][0]["met"] is True
     assert tiers.compare("t", runs, TIERS, cards_dir=tmp_path / "none")["roles"]["alstm"]["sweep"][0]["status"] \
         == "missing"
+
+
+def test_curve_labels_name_the_run(tmp_path):
+    from zoo.plots import run_label
+
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r1" / "log.jsonl").write_text("")
+    (tmp_path / "m.log.jsonl").write_text("")
+    assert [run_label(tmp_path / "r1"), run_label(tmp_path / "r1" / "log.jsonl"), run_label(tmp_path / "m.log.jsonl")] \
+        == ["r1", "r1", "m"]

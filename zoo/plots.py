@@ -17,8 +17,16 @@ def log_file(run: str | Path) -> Path:
 
 
 def run_label(run: str | Path) -> str:
+    """The run's name: its directory's, or ``NAME`` of a ``NAME.log.jsonl`` file."""
     run = Path(run)
-    return run.name.removesuffix(".log.jsonl") if run.is_file() else run.name
+    if not run.is_file():
+        return run.name
+    return run.parent.name if run.name == "log.jsonl" else run.name.removesuffix(".log.jsonl")
+
+
+#: A curve is drawn up to this multiple of the best value plotted; a run above it (diverged) is marked
+#: "off scale" in the legend instead of squashing every other curve into the bottom of a log axis.
+SCALE_LIMIT = 20.0
 
 
 def read_log(run_dir: str | Path) -> list[dict]:
@@ -35,12 +43,14 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for run in run_dirs:
-        recs = read_log(run)
-        if not recs:
-            continue
-        label = run_label(run)
+    logs = [(run_label(run), recs) for run in run_dirs if (recs := read_log(run))]
+    lo = min((r[metric] for _, recs in logs for r in recs), default=1.0)
+    hi = max((r[metric] for _, recs in logs for r in recs), default=1.0)
+    top = min(hi, lo * SCALE_LIMIT)
+    for label, recs in logs:
         ys = [r[metric] for r in recs]
+        if max(ys) > top:
+            label += " (off scale)"
         minutes, total = [], 0.0
         for r in recs:
             total += r["seconds"]
@@ -55,8 +65,10 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
     plain = FuncFormatter(lambda v, _: f"{v:g}")  # 120, not 1.2 x 10^2, on the log axis
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
+        ax.set_ylim(lo / 1.05, top * 1.05)
         ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        if top / lo < 10:  # minor labels only while they cannot crowd (less than a decade)
+            ax.yaxis.set_minor_formatter(plain)
     ax1.legend(fontsize=8)
     if title:
         fig.suptitle(title)

@@ -129,6 +129,9 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
     chosen: dict[str, dict[str, Any] | None] = {}
     for role, recipes in tier["roles"].items():
         runs = [read_run(name, runs_dir, cards_dir) for name in recipes]
+        for r in runs:  # an unfinished run shows where it stands (or that it diverged)
+            if r["status"] == "unfinished" and r["epochs"]:
+                r["last_valid"] = _epoch_metric(r["epochs"][-1], metric)
         chosen[role] = pick_role(runs)
         roles[role] = {"chosen": chosen[role]["run"] if chosen[role] else None,
                        "sweep": [{k: v for k, v in r.items() if k != "epochs"} | {"epochs_logged": len(r.get(
@@ -153,7 +156,9 @@ def markdown(report: dict[str, Any]) -> str:
             name = f"**{r['run']}**" if r["run"] == info["chosen"] else r["run"]
             m = r.get("metrics")
             cells = ([f"{r['num_parameters'] / 1e6:.2f}M", str(r["epochs_trained"]), f"{m['valid']:.{digits}f}",
-                      f"{m['test']:.{digits}f}"] if m else ["", str(r["epochs_logged"] or ""), "", ""])
+                      f"{m['test']:.{digits}f}"] if m else
+                     ["", str(r["epochs_logged"] or ""),
+                      f"({r['last_valid']:.{digits}f} at its last epoch)" if "last_valid" in r else "", ""])
             lines.append(f"| {role} | {name} | {r['status']} | " + " | ".join(cells) + " |")
     b = report["param_budget"]
     if b:
