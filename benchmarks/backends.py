@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -39,7 +38,7 @@ import torch
 from zoo.backends import cpu_cores, make_runner
 from zoo.export import export_model
 from zoo.pretrained import BUNDLED_DIR, ZooModel
-from zoo.readme import main as regenerate_readmes
+from zoo.readme import write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BACKENDS = ("eager", "torchscript", "onnx", "onnx-int8")
@@ -215,14 +214,9 @@ def main() -> None:
             report["targets"].append({"model": m["model"], "metric": "onnx generation speed-up at B=1",
                                       "target": 2.5, "measured": measured, "met": measured >= 2.5,
                                       "measured_vs_eager_1thread": one})
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     table = markdown(report)
-    out.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
     print(table)
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
-    regenerate_readmes([])
+    write_result(args.out, report, table)
 
 
 if __name__ == "__main__":

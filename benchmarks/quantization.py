@@ -15,7 +15,6 @@ regenerates the READMEs (``python -m zoo.readme``: the ``quantization`` section 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -27,7 +26,7 @@ import torch
 from zoo.backends import make_runner
 from zoo.export import export_model
 from zoo.pretrained import ZooModel, load
-from zoo.readme import main as regenerate_readmes
+from zoo.readme import write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_REL_CHANGE = 0.01
@@ -102,16 +101,11 @@ def main() -> None:
     result["model_argument"] = args.model
     result["note"] = args.note
     result["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    out.with_suffix(".md").write_text(markdown(result) + "\n", encoding="utf-8")
     p = result["ppl"]
     print(f"{result['model']} {args.dataset}/{args.split}: ppl eager {p['eager']:.3f}, onnx {p['onnx']:.3f}, "
           f"onnx int8 {p['onnx-int8']:.3f} -> int8 change {100 * result['int8_rel_ppl_change_vs_onnx_float']:+.3f}% "
           f"(target within {100 * TARGET_REL_CHANGE:.0f}%: {'met' if result['target_met'] else 'NOT met'})")
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
-    regenerate_readmes([])
+    write_result(args.out, result, markdown(result))
 
 
 if __name__ == "__main__":

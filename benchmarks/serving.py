@@ -18,7 +18,6 @@ on/off ratio is the comparable figure.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import socket
@@ -33,7 +32,7 @@ from tqdm.auto import tqdm
 
 from zoo.data import DataError, corpus_files
 from zoo.pretrained import ZooModel
-from zoo.readme import main as regenerate_readmes
+from zoo.readme import write_result
 from zoo.serve import (
     ArchiveOptions,
     ServerConfig,
@@ -207,14 +206,9 @@ def main() -> None:
                     "load_avg_at_end": os.getloadavg()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     text = readme_text(result)
-    out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
     print(text)
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
-    regenerate_readmes([])
+    write_result(args.out, result, text)
     if on["errors"] or off["errors"]:
         raise SystemExit(f"errors during the load test: {on['error_kinds'] + off['error_kinds']}")
 

@@ -1,5 +1,7 @@
 """The READMEs' generated sections equal what the catalogue and benchmark results produce now."""
 
+import json
+
 import pytest
 
 from zoo import readme
@@ -37,3 +39,13 @@ def test_results_markdown_reaches_its_readme(tmp_path, monkeypatch, capsys):
     assert main([], repo=tmp_path) == 0
     assert exports.read_text() == new
     assert main(["--check"], repo=tmp_path) == 0
+
+
+def test_write_result_writes_json_and_markdown_then_regenerates(tmp_path, monkeypatch):
+    from zoo import readme
+
+    calls = []
+    monkeypatch.setattr(readme, "main", lambda argv=None, repo=None: calls.append(argv) or 0)
+    out = readme.write_result(tmp_path / "results" / "x.json", {"a": 1}, "| t |\n")
+    assert json.loads(out.read_text()) == {"a": 1} and out.with_suffix(".md").read_text() == "| t |\n"
+    assert calls == [[]]

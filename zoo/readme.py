@@ -77,6 +77,20 @@ READMES: dict[str, dict[str, Callable[[Path], str]]] = {
 }
 
 
+def write_result(out: str | Path, data: dict, table: str) -> Path:
+    """What every benchmark does with its result: ``out`` (JSON), the markdown ``table`` beside it (``.md``),
+    then the READMEs regenerated from them, so no README number is ever typed by hand."""
+    import json
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(table.rstrip("\n") + "\n", encoding="utf-8")
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
+    main([])
+    return out
+
+
 def render(text: str, sections: dict[str, str]) -> str:
     """``text`` with the body between each section's ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` replaced."""
     for name, body in sections.items():

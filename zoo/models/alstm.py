@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.models._alstm_fast import alstm_forward
-from zoo.models.base import RecurrentStack, State, fast_path_allowed, locked_mask
+from zoo.models.base import RecurrentStack, State, locked_mask
 
 ADAPTATION_MODELS = ("lstm_rhn", "lstm", "feedforward")
 POLICIES = ("io", "output")
@@ -282,15 +282,10 @@ class ALSTMStack(RecurrentStack):
             x, z_below = h, z
         return out, tuple(new_state)
 
-    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        """Sequence forward: the fast path of :mod:`zoo.models._alstm_fast` (same math, same dropout
-        draws, one autograd node), or :meth:`forward_reference` when the reference loop is selected
-        (see :mod:`zoo.models.base`) or the identity testing switch is on."""
-        if not fast_path_allowed(x) or any(layer.identity for layer in self.layers):
-            return self.forward_reference(x, state)
-        if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
-        return alstm_forward(self, x, state)
+    def fast_path(self, x: Tensor):
+        """:func:`zoo.models._alstm_fast.alstm_forward` (same math, same dropout draws, one autograd node);
+        the reference loop while the identity testing switch is on."""
+        return None if any(layer.identity for layer in self.layers) else alstm_forward
 
     # -- introspection ---------------------------------------------------------------------------------
     def adaptation_signals(self, state: State) -> dict[str, Tensor]:

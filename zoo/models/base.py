@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -73,8 +73,8 @@ class RecurrentStack(nn.Module):
     """Base class for a stack of recurrent layers mapping ``input_size`` to ``output_size``.
 
     Subclasses implement :meth:`init_state`, :meth:`step_with_masks` and :meth:`draw_masks`; the
-    default :meth:`forward` is the plain reference loop over :meth:`step_with_masks`. A subclass
-    may override :meth:`forward` with a faster path, which must agree with the reference loop
+    default :meth:`forward` is the plain reference loop over :meth:`step_with_masks`, or the fused
+    function a subclass returns from :meth:`fast_path`, which must agree with the reference loop
     (``forward_reference``) to float32 tolerance, gradients included.
     """
 
@@ -122,9 +122,20 @@ class RecurrentStack(nn.Module):
             outs.append(out)
         return torch.stack(outs, dim=1), state
 
+    def fast_path(self, x: Tensor) -> Callable[[RecurrentStack, Tensor, State], tuple[Tensor, State]] | None:
+        """The architecture's fused sequence function ``f(stack, x, state)`` when it applies to ``x``, else
+        ``None`` (the reference loop runs). Overridden by the stacks that have one (see the module docstring)."""
+        return None
+
     def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        """Sequence forward: ``x [B, T, input_size]`` -> ``(out [B, T, output_size], state)``."""
-        return self.forward_reference(x, state)
+        """Sequence forward: ``x [B, T, input_size]`` -> ``(out [B, T, output_size], state)``, on the fast
+        path when the stack has one and it is allowed here (:func:`fast_path_allowed`), else the reference."""
+        fast = self.fast_path(x) if fast_path_allowed(x) else None
+        if fast is None:
+            return self.forward_reference(x, state)
+        if state is None:
+            state = self.init_state(x.shape[0], x.device, x.dtype)
+        return fast(self, x, state)
 
     # -- introspection (the demo's "adaptation at work" view) ------------------------------------------
     def adaptation_signals(self, state: State) -> dict[str, Tensor]:

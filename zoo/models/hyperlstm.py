@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zoo.models._hyper_fast import hyper_forward
-from zoo.models.base import RecurrentStack, State, fast_path_allowed, locked_mask
+from zoo.models.base import RecurrentStack, State, locked_mask
 
 #: supercell gate order: input, candidate ("j"), forget, output.
 GATES = ("i", "j", "f", "o")
@@ -218,15 +218,10 @@ class HyperLSTMStack(RecurrentStack):
             between=[locked_mask(batch_size, n_h, p, device, dtype) for n_h in self.sizes[:-1]],
         )
 
-    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        """Sequence forward: the fast path of :mod:`zoo.models._hyper_fast` (layer-major, hoisted input
-        projections, one autograd node), or :meth:`forward_reference` when the reference loop is
-        selected (see :mod:`zoo.models.base`) or for low-precision dtypes."""
-        if not fast_path_allowed(x) or x.dtype not in (torch.float32, torch.float64):
-            return self.forward_reference(x, state)
-        if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
-        return hyper_forward(self, x, state)
+    def fast_path(self, x: Tensor):
+        """:func:`zoo.models._hyper_fast.hyper_forward` (layer-major, hoisted input projections, one autograd node);
+        the reference loop for low-precision dtypes."""
+        return hyper_forward if x.dtype in (torch.float32, torch.float64) else None
 
     def step_with_masks(self, x: Tensor, state: State, masks: object) -> tuple[Tensor, State]:
         assert masks is None or isinstance(masks, HyperLSTMMasks)
