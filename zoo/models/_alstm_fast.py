@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from zoo.models._fused import double_rows, lstm_cell_backward, lstm_cell_forward, lstm_gates_into, tanh
+from zoo.models._fused import double_rows, lstm_cell_backward, lstm_cell_forward, lstm_gates_into, needs_autograd, tanh
 from zoo.models.base import State
 
 
@@ -474,8 +474,7 @@ def alstm_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
     plan = _Plan(stack, masks)
     params = plan.params()
     weights = derived_weights(plan, params)
-    if torch.is_grad_enabled() and (x.requires_grad or any(s.requires_grad for s in state)
-                                    or any(p.requires_grad for p in params)):
+    if needs_autograd(x, state, params):
         res = ALSTMSequence.apply(plan, weights, x, *state, *params)
         return res[0], tuple(res[1:])
     with torch.no_grad():

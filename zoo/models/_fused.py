@@ -26,6 +26,12 @@ from torch import Tensor
 TANH_VIA_SIGMOID_MIN = 8192
 
 
+def needs_autograd(x: Tensor, state: tuple[Tensor, ...], params: list[Tensor]) -> bool:
+    """Whether a fast path must record its autograd node, or may run the storage-free inference loop."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(s.requires_grad for s in state)
+                                        or any(p.requires_grad for p in params))
+
+
 def double_rows(w: Tensor, start: int, stop: int) -> Tensor:
     """A copy of ``w`` with rows ``start:stop`` multiplied by 2 (exact)."""
     w = w.clone()

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from zoo.models._fused import tanh_into
+from zoo.models._fused import needs_autograd, tanh_into
 from zoo.models.base import State
 
 
@@ -186,8 +186,7 @@ def gru_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
     plan = _Plan(stack, masks)
     params = plan.params()
     weights = _weights(plan, params)
-    if torch.is_grad_enabled() and (x.requires_grad or any(s.requires_grad for s in state)
-                                    or any(p.requires_grad for p in params)):
+    if needs_autograd(x, state, params):
         res = GRUSequence.apply(plan, weights, x, *state, *params)
         return res[0], tuple(res[1:])
     with torch.no_grad():

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from zoo.models._fused import tanh_into
+from zoo.models._fused import needs_autograd, tanh_into
 from zoo.models.base import State
 
 LN_EPS = 1e-3
@@ -334,8 +334,7 @@ def hyper_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
     plan = _Plan(stack, masks, stack.training)
     params = plan.params()
     weights = _derived(plan)
-    if torch.is_grad_enabled() and (x.requires_grad or any(s.requires_grad for s in state)
-                                    or any(p.requires_grad for p in params)):
+    if needs_autograd(x, state, params):
         res = HyperSequence.apply(plan, weights, x, *state, *params)
         return res[0], tuple(res[1:])
     with torch.no_grad():
