@@ -174,6 +174,8 @@ def test_bundled_dir_loads_and_scores(bundled):
 
 
 def test_readme_table_from_catalogue(bundled, capsys, monkeypatch):
+    from zoo.tiers import short_device
+
     monkeypatch.setenv("ZOO_CATALOG", bundled["env"]["ZOO_CATALOG"])
     code, stdout, _ = run_main(capsys, "bundle", "--readme-table")
     assert code == 0
@@ -182,7 +184,8 @@ def test_readme_table_from_catalogue(bundled, capsys, monkeypatch):
     assert len(row) == 1
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     assert cells == ["`tiny-card` (default)", "lstm", f"{entry['num_parameters'] / 1e6:.2f}M", "ptb",
-                     str(entry["training"]["epochs"]), cards.format_duration(entry["training"]["train_seconds"]),
+                     str(entry["training"]["epochs"]), cards.format_duration(entry["training"]["train_seconds"])
+                     + f" ({short_device(entry['training']['device'])})",
                      f"{entry['metrics']['valid']:.2f}", f"{entry['metrics']['test']:.2f}", "perplexity",
                      "120.70 / 114.50 (test fixture reference)"]
     assert stdout == cards.models_table_markdown(bundled["catalog"])

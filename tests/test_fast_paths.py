@@ -22,6 +22,9 @@ from zoo.registry import build_stack
 
 TOL = 1e-5
 IN, OUT, B, T = 8, 12, 3, 6
+#: The fast paths are device-agnostic torch code; on a machine with CUDA they are checked there too
+#: (training runs on the GPU when one is lent), skipped elsewhere.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 #: Dropout rates switched on for the training-mode comparison, per architecture.
 DROPOUT = {
@@ -57,11 +60,11 @@ def forward_path(out: torch.Tensor) -> str:
     return "fast" if type(out.grad_fn).__name__.endswith("SequenceBackward") else "reference"
 
 
-def make(variant: str, train: bool) -> RecurrentStack:
+def make(variant: str, train: bool, device: str = "cpu") -> RecurrentStack:
     arch, args = VARIANTS[variant]
     args = dict(args, **(DROPOUT[arch] if train else {}))
     torch.manual_seed(0)
-    stack = build_stack(arch, input_size=IN, output_size=OUT, **args)
+    stack = build_stack(arch, input_size=IN, output_size=OUT, **args).to(device)
     with torch.no_grad():   # move away from the structured init (zeros, ones) so every path matters
         for p in stack.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -81,9 +84,9 @@ def run(stack: RecurrentStack, x: torch.Tensor, state: tuple, reference: bool) -
         out, new = stack(x, state)
         path = forward_path(out)
     gen = torch.Generator().manual_seed(7)
-    loss = (out * torch.randn(out.shape, generator=gen)).sum()
+    loss = (out * torch.randn(out.shape, generator=gen).to(out.device)).sum()
     for s in new:
-        loss = loss + (s * torch.randn(s.shape, generator=gen)).sum()
+        loss = loss + (s * torch.randn(s.shape, generator=gen).to(s.device)).sum()
     loss = 0.5 * loss
     loss.backward()
     values = [out.detach(), *(s.detach() for s in new)]
@@ -91,13 +94,14 @@ def run(stack: RecurrentStack, x: torch.Tensor, state: tuple, reference: bool) -
     return values + grads, [path]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_fast_equals_reference(variant: str, train: bool) -> None:
-    stack = make(variant, train)
+def test_fast_equals_reference(variant: str, train: bool, device: str) -> None:
+    stack = make(variant, train, device)
     torch.manual_seed(1)
-    x = torch.randn(B, T, IN)
-    state = tuple(0.5 * torch.randn_like(s) for s in stack.init_state(B))
+    x = torch.randn(B, T, IN).to(device)
+    state = tuple(0.5 * torch.randn(s.shape).to(device) for s in stack.init_state(B))
     fast, (fast_path,) = run(stack, x, state, reference=False)
     ref, (ref_path,) = run(stack, x, state, reference=True)
     assert fast_path == "fast" and ref_path == "reference"
@@ -107,7 +111,11 @@ def test_fast_equals_reference(variant: str, train: bool) -> None:
     for name, a, b in zip(names, fast, ref, strict=True):
         assert a is not None and b is not None, name
         diff = (a - b).abs().max().item()
-        assert diff <= TOL, f"{variant} {name}: max abs diff {diff:.2e}"
+        # CUDA reduces in another order than the CPU: its float32 rounding grows with the values'
+        # magnitude (measured on an H100: 1.9e-5 on layer-norm gradients of size ~10), so there the
+        # bound is relative to the reference's largest entry; on the CPU it is the plain 1e-5.
+        tol = TOL * max(1.0, b.abs().max().item()) if device == "cuda" else TOL
+        assert diff <= tol, f"{variant} {name}: max abs diff {diff:.2e}"
     if train:   # dropout really was on: a different seed changes the output
         torch.manual_seed(99)
         other, _ = stack(x, state)

@@ -72,7 +72,7 @@ def test_train_loss_claim_and_markdown(runs):
     gru = rep["claims"][2]
     assert (gru["baseline_final_train_loss"], gru["model_epoch_reached"], gru["met"]) == (4.5, 2, True)
     md = tiers.markdown(rep)
-    assert "| lstm | **l-heavy** | finished | 5.20M | 4 | 110.00 | 100.00 |" in md
+    assert "| lstm | **l-heavy** | finished | 5.20M | 4 | 110.00 | 100.00 |  |" in md
     assert "| s2 | **not met** |" in md and "| s3 | met |" in md
 
 
@@ -138,3 +138,36 @@ def test_curve_labels_name_the_run(tmp_path):
     (tmp_path / "m.log.jsonl").write_text("")
     assert [run_label(tmp_path / "r1"), run_label(tmp_path / "r1" / "log.jsonl"), run_label(tmp_path / "m.log.jsonl")] \
         == ["r1", "r1", "m"]
+
+
+def test_a_run_stopped_before_the_tier_budget_is_shown_but_never_chosen(runs):
+    """A wall-clock budget can end a run early (its eval.json exists): it is not comparable at equal epochs."""
+    ev = json.loads((runs / "l-heavy" / "eval.json").read_text())
+    ev.update(epochs_trained=3, device="NVIDIA H100 80GB HBM3")
+    (runs / "l-heavy" / "eval.json").write_text(json.dumps(ev))
+    rep = tiers.compare("t", runs, {"t": dict(TIERS["t"], epochs=4)})
+    heavy = next(r for r in rep["roles"]["lstm"]["sweep"] if r["run"] == "l-heavy")
+    assert heavy["status"] == "stopped early" and heavy["device"] == "H100 GPU"
+    assert rep["roles"]["lstm"]["chosen"] == "l-light"  # the better validation, but stopped early
+    assert "| lstm | l-heavy | stopped early | 5.20M | 3 | 110.00 | 100.00 | H100 GPU |" in tiers.markdown(rep)
+    assert tiers.compare("t", runs, TIERS)["roles"]["lstm"]["chosen"] == "l-heavy"  # no budget: comparable
+
+
+def test_an_unbundled_sweep_point_counts_from_its_record(runs, tmp_path):
+    """Sweep points that are not bundled keep their two files in model_cards/runs/ for fresh clones."""
+    import shutil
+
+    cards = tmp_path / "cards"
+    (cards / "runs").mkdir(parents=True)
+    for src in ("log.jsonl", "eval.json"):
+        (cards / "runs" / f"g1.{src}").write_bytes((runs / "g1" / src).read_bytes())
+    shutil.rmtree(runs / "g1")
+    (g1,) = tiers.compare("t", runs, TIERS, cards_dir=cards)["roles"]["gru_p1"]["sweep"]
+    assert g1["status"] == "finished" and g1["log"].endswith("runs/g1.log.jsonl")
+
+
+@pytest.mark.parametrize("device, short", [("CPU (2 cores, 1 threads)", "CPU, 1 thread"),
+                                           ("CPU (16 cores, 4 threads)", "CPU, 4 threads"),
+                                           ("NVIDIA H100 80GB HBM3", "H100 GPU"), ("", "")])
+def test_short_device(device, short):
+    assert tiers.short_device(device) == short

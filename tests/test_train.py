@@ -86,6 +86,18 @@ def test_training_run_writes_logs_best_release_and_eval(tmp_path, tiny_data):
     assert min(r["valid_loss"] for r in epochs) == pytest.approx(ev["valid"]["avg_nll"], rel=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("arch", ["alstm", "lstm"])
+def test_training_run_end_to_end_on_cuda(tmp_path, tiny_data, arch):
+    """The same code trains on CUDA, validation, release cast and test evaluation included (the first
+    GPU run here crashed at its first validation: the targets had stayed on the CPU)."""
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", arch=arch, epochs=1))
+    result = Trainer(recipe, tmp_path / "run", data_dir=str(tiny_data), device="cuda", progress=False).run()
+    assert result["device"] == torch.cuda.get_device_name()
+    assert result["epochs_trained"] == 1 and result["test"]["ppl"] < 10_000
+    assert abs(result["release"]["test_ppl_change"]) < 0.01
+
+
 def test_kill_and_resume_matches_uninterrupted(tmp_path, tiny_data):
     recipe = write_recipe(tmp_path / "r.toml", epochs=2)
     base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu"]

@@ -377,6 +377,8 @@ def models_table_markdown(cat: dict[str, Any] | None = None) -> str:
         from zoo.pretrained import catalog
 
         cat = catalog()
+    from zoo.tiers import short_device
+
     lines = ["| name | architecture | params | data | epochs | training time | valid | test | metric | "
              "published reference |", "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     for name, m in sorted(cat.get("models", {}).items()):
@@ -388,8 +390,9 @@ def models_table_markdown(cat: dict[str, Any] | None = None) -> str:
                    if ref else "")
         flag = " (default)" if name == cat.get("default") else ""
         secs = tr.get("train_seconds")
+        where = f" ({short_device(tr['device'])})" if tr.get("device") else ""
         lines.append(f"| `{name}`{flag} | {m.get('architecture', '')} | {m.get('num_parameters', 0) / 1e6:.2f}M | "
                      f"{m.get('dataset', '')} | {tr.get('epochs', '')} | "
-                     f"{format_duration(secs) if secs is not None else ''} | {_fmt(met.get('valid'), digits)} | "
+                     f"{format_duration(secs) if secs is not None else ''}{where} | {_fmt(met.get('valid'), digits)} | "
                      f"{_fmt(met.get('test'), digits)} | {met.get('metric', '')} | {ref_txt} |")
     return "\n".join(lines) + "\n"

@@ -42,10 +42,45 @@ def models_section(repo: Path = REPO) -> str:
     parts = [models_table_markdown().strip()]
     for tier in sorted((repo / "model_cards" / "tiers").glob("*.md")):  # written by `python -m zoo.tiers`
         parts.append(f"{tier.read_text(encoding='utf-8').strip()}\n\n_Source: `model_cards/tiers/{tier.stem}.json`._")
+    records = unbundled_runs_table(repo)
+    if records:
+        parts.append(records)
     curves = sorted((repo / "model_cards").glob("*curve*.png"))
     for png in curves:
         parts.append(f"![{png.stem}](model_cards/{png.name})")
     return "\n\n".join(parts)
+
+
+def unbundled_runs_table(repo: Path = REPO) -> str:
+    """Runs trained here but not bundled (sweep points that lost on validation, runs that diverged or were
+    stopped by a budget), from the two files each keeps in ``model_cards/runs/``: no number is typed."""
+    import json
+
+    from zoo.tiers import short_device
+
+    folder = repo / "model_cards" / "runs"
+    rows = []
+    for log in sorted(folder.glob("*.log.jsonl")):
+        name = log.name.removesuffix(".log.jsonl")
+        recs = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        epochs = [r for r in recs if "valid_ppl" in r]
+        ev_path = folder / f"{name}.eval.json"
+        if ev_path.is_file():
+            ev = json.loads(ev_path.read_text())
+            ref = ev["recipe"].get("reference") or {}
+            rows.append(f"| {name} | {ev['num_parameters'] / 1e6:.2f}M | {ev['epochs_trained']} | "
+                        f"{short_device(ev.get('device', ''))} | {ev['valid']['ppl']:.2f} | {ev['test']['ppl']:.2f} | "
+                        + (f"{ref['valid']} / {ref['test']}" if "valid" in ref else "") + " |")
+        else:
+            last = f"({epochs[-1]['valid_ppl']:.2f} at epoch {epochs[-1]['epoch']})" if epochs else ""
+            stop = " (stopped by its time budget, not evaluated)" if any(r.get("event") == "budget_stop"
+                                                                          for r in recs) else ""
+            rows.append(f"| {name}{stop} |  | {len(epochs)} |  | {last} |  |  |")
+    if not rows:
+        return ""
+    return "\n".join(["**Trained here, not bundled** (records in `model_cards/runs/`: each run's own log and "
+                      "eval.json)", "", "| run | params | epochs | trained on | valid ppl | test ppl | "
+                      "published valid / test |", "|---|---:|---:|---|---:|---:|---|", *rows])
 
 
 def benchmarks_section(repo: Path = REPO) -> str:

@@ -144,7 +144,7 @@ def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: 
         x, y = data[i:i + seq].t(), data[i + 1:i + 1 + seq].t()
         logits, state = runner.forward(x, state)
         nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                                       y.reshape(-1), reduction="sum"))
+                                                       y.reshape(-1).to(logits.device), reduction="sum"))
         count += y.numel()
     res = summarize(nll, count, 0)
     res.pop("bits_per_char")

@@ -41,16 +41,33 @@ def _epoch_metric(rec: dict[str, Any], metric: str) -> float:
 
 def run_files(name: str, runs_dir: Path, cards_dir: Path) -> tuple[Path, Path]:
     """``(log.jsonl, eval.json)`` of a run: its run dir when present on this machine, else the copies that
-    ``zoo bundle`` keeps beside the card (``model_cards/NAME.log.jsonl`` / ``.eval.json``), so a finished and
-    bundled run counts in its tier on any clone."""
+    ``zoo bundle`` keeps beside the card (``model_cards/NAME.log.jsonl`` / ``.eval.json``), else the record of
+    a sweep point that was not bundled (``model_cards/runs/NAME.*``, the same two files copied from its run
+    dir), so every trained run counts in its tier on any clone."""
     run_dir = runs_dir / name
     if (run_dir / "log.jsonl").is_file():
         return run_dir / "log.jsonl", run_dir / "eval.json"
+    for folder in (cards_dir, cards_dir / "runs"):
+        if (folder / f"{name}.log.jsonl").is_file():
+            return folder / f"{name}.log.jsonl", folder / f"{name}.eval.json"
     return cards_dir / f"{name}.log.jsonl", cards_dir / f"{name}.eval.json"
 
 
-def read_run(name: str, runs_dir: Path, cards_dir: Path) -> dict[str, Any]:
-    """What a run has written: ``status`` (missing / unfinished / finished), its epochs and, when finished, metrics."""
+def short_device(device: str) -> str:
+    """``"CPU (2 cores, 1 threads)"`` -> ``"CPU, 1 thread"``; ``"NVIDIA H100 80GB HBM3"`` -> ``"H100 GPU"``."""
+    if device.startswith("CPU"):
+        threads = device.split(",")[-1].strip(" )").split()[0] if "," in device else "?"
+        return f"CPU, {threads} thread{'s' if threads != '1' else ''}"
+    for gpu in ("H100", "H200", "A100", "L4", "T4"):
+        if gpu in device:
+            return f"{gpu} GPU"
+    return device
+
+
+def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0) -> dict[str, Any]:
+    """What a run has written: ``status`` (missing / unfinished / finished / stopped early), its epochs and,
+    when it has an eval.json, metrics. A run that ended (a wall-clock budget) before the tier's
+    ``epochs_budget`` is "stopped early": shown, but not comparable, so never chosen for its role."""
     log_path, ev_path = run_files(name, runs_dir, cards_dir)
     if not log_path.is_file():
         return {"run": name, "status": "missing"}
@@ -62,7 +79,10 @@ def read_run(name: str, runs_dir: Path, cards_dir: Path) -> dict[str, Any]:
         ev = json.loads(ev_path.read_text())
         out.update(status="finished", metrics=release_metrics(ev), num_parameters=ev["num_parameters"],
                    architecture=ev["architecture"], train_seconds=ev["train_seconds"],
-                   epochs_trained=ev["epochs_trained"], dataset=ev["dataset"])
+                   epochs_trained=ev["epochs_trained"], dataset=ev["dataset"],
+                   device=short_device(ev.get("device", "")))
+        if epochs_budget and ev["epochs_trained"] < epochs_budget:
+            out["status"] = "stopped early"
     return out
 
 
@@ -128,9 +148,9 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
     roles: dict[str, Any] = {}
     chosen: dict[str, dict[str, Any] | None] = {}
     for role, recipes in tier["roles"].items():
-        runs = [read_run(name, runs_dir, cards_dir) for name in recipes]
+        runs = [read_run(name, runs_dir, cards_dir, tier.get("epochs", 0)) for name in recipes]
         for r in runs:  # an unfinished run shows where it stands (or that it diverged)
-            if r["status"] == "unfinished" and r["epochs"]:
+            if r["status"] in ("unfinished", "stopped early") and r["epochs"]:
                 r["last_valid"] = _epoch_metric(r["epochs"][-1], metric)
         chosen[role] = pick_role(runs)
         roles[role] = {"chosen": chosen[role]["run"] if chosen[role] else None,
@@ -150,15 +170,16 @@ def markdown(report: dict[str, Any]) -> str:
     """The table the README shows: one row per sweep point (chosen ones in bold), then the claims."""
     digits = 3 if report["metric"] == "bits_per_char" else 2
     lines = [f"**{report['title']}** (metric: {report['metric']}; each role's sweep point chosen on validation)",
-             "", "| role | run | status | params | epochs | valid | test |", "|---|---|---|---:|---:|---:|---:|"]
+             "", "| role | run | status | params | epochs | valid | test | trained on |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
     for role, info in report["roles"].items():
         for r in info["sweep"]:
             name = f"**{r['run']}**" if r["run"] == info["chosen"] else r["run"]
             m = r.get("metrics")
             cells = ([f"{r['num_parameters'] / 1e6:.2f}M", str(r["epochs_trained"]), f"{m['valid']:.{digits}f}",
-                      f"{m['test']:.{digits}f}"] if m else
+                      f"{m['test']:.{digits}f}", r["device"]] if m else
                      ["", str(r["epochs_logged"] or ""),
-                      f"({r['last_valid']:.{digits}f} at its last epoch)" if "last_valid" in r else "", ""])
+                      f"({r['last_valid']:.{digits}f} at its last epoch)" if "last_valid" in r else "", "", ""])
             lines.append(f"| {role} | {name} | {r['status']} | " + " | ".join(cells) + " |")
     b = report["param_budget"]
     if b:

@@ -91,7 +91,10 @@ class LSTMCell(nn.Module):
         g = torch.tanh(j)
         if train_dropout and self.recurrent_dropout > 0:
             # Semeniuta et al.: drop the candidate only (no memory loss), a fresh mask every step.
-            g = F.dropout(g, self.recurrent_dropout, training=True)
+            # The mask is drawn explicitly (what F.dropout does on CPU) rather than by F.dropout, whose
+            # fused CUDA kernel consumes the RNG differently: the fast path draws the same masks on any device.
+            p = self.recurrent_dropout
+            g = g * torch.empty_like(g).bernoulli_(1 - p).div_(1 - p)
         c = torch.sigmoid(f + self.forget_bias) * c + torch.sigmoid(i) * g
         c_out = c
         if self.use_layer_norm:  # the stored c is not normalised, only what feeds the output tanh
