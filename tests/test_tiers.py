@@ -148,6 +148,11 @@ def test_a_run_stopped_before_the_tier_budget_is_shown_but_never_chosen(runs):
     rep = tiers.compare("t", runs, {"t": dict(TIERS["t"], epochs=4)})
     heavy = next(r for r in rep["roles"]["lstm"]["sweep"] if r["run"] == "l-heavy")
     assert heavy["status"] == "stopped early" and heavy["device"] == "H100 GPU"
+    from unittest import mock
+
+    with mock.patch("zoo.plots.plot_curves", side_effect=lambda logs, out, *a, **k: (k["labels"], out)[1]) as plot:
+        tiers.write(rep, runs / "out", runs / "out")
+    assert "l-heavy (H100 GPU)" in plot.call_args.kwargs["labels"]  # the figure says where each run trained
     assert rep["roles"]["lstm"]["chosen"] == "l-light"  # the better validation, but stopped early
     assert "| lstm | l-heavy | stopped early | 5.20M | 3 | 110.00 | 100.00 | H100 GPU |" in tiers.markdown(rep)
     assert tiers.compare("t", runs, TIERS)["roles"]["lstm"]["chosen"] == "l-heavy"  # no budget: comparable

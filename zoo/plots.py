@@ -35,15 +35,19 @@ def read_log(run_dir: str | Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if "valid_ppl" in r and "epoch" in r]
 
 
-def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", metric: str = "valid_ppl") -> Path:
-    """Two panels: ``metric`` by epoch and by cumulative training minutes, one line per run."""
+def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", metric: str = "valid_ppl",
+                labels: list[str] | None = None) -> Path:
+    """Two panels: ``metric`` by epoch and by cumulative training minutes, one line per run. ``labels``
+    (one per run) replace the run names, e.g. to say where each was trained when a tier mixes hardware:
+    the minutes are then only comparable between runs on the same device."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    logs = [(run_label(run), recs) for run in run_dirs if (recs := read_log(run))]
+    names = labels if labels is not None else [run_label(run) for run in run_dirs]
+    logs = [(name, recs) for run, name in zip(run_dirs, names, strict=True) if (recs := read_log(run))]
     lo = min((r[metric] for _, recs in logs for r in recs), default=1.0)
     hi = max((r[metric] for _, recs in logs for r in recs), default=1.0)
     top = min(hi, lo * SCALE_LIMIT)

@@ -199,12 +199,14 @@ def write(report: dict[str, Any], out_dir: Path, figure_dir: Path) -> list[Path]
     paths = [out_dir / f"{name}.json", out_dir / f"{name}.md"]
     paths[0].write_text(json.dumps(report, indent=2) + "\n")
     paths[1].write_text(markdown(report))
-    logs = [REPO / r["log"] for info in report["roles"].values() for r in info["sweep"] if r["status"] != "missing"]
-    if logs:
+    shown = [r for info in report["roles"].values() for r in info["sweep"] if r["status"] != "missing"]
+    if shown:
         from zoo.plots import plot_curves
 
         metric = "valid_ppl" if report["metric"] == "perplexity" else "valid_loss"
-        paths.append(plot_curves(logs, figure_dir / f"{name}-tier-curve.png", report["title"], metric=metric))
+        labels = [r["run"] + (f" ({r['device']})" if r.get("device") else "") for r in shown]
+        paths.append(plot_curves([REPO / r["log"] for r in shown], figure_dir / f"{name}-tier-curve.png",
+                                 report["title"], metric=metric, labels=labels))
     return paths
 
 
