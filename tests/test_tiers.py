@@ -156,6 +156,10 @@ def test_a_run_stopped_before_the_tier_budget_is_shown_but_never_chosen(runs):
     assert rep["roles"]["lstm"]["chosen"] == "l-light"  # the better validation, but stopped early
     assert "| lstm | l-heavy | stopped early | 5.20M | 3 | 110.00 | 100.00 | H100 GPU |" in tiers.markdown(rep)
     assert tiers.compare("t", runs, TIERS)["roles"]["lstm"]["chosen"] == "l-heavy"  # no budget: comparable
+    with open(runs / "g2" / "log.jsonl", "a") as f:  # stopped by its time budget before its evaluation
+        f.write(json.dumps({"event": "budget_stop", "epoch": 4}) + "\n")
+    (g2,) = tiers.compare("t", runs, TIERS)["roles"]["gru"]["sweep"]
+    assert g2["status"] == "stopped early" and g2["last_valid"] == 120
 
 
 def test_an_unbundled_sweep_point_counts_from_its_record(runs, tmp_path):

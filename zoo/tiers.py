@@ -74,7 +74,9 @@ def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0)
     log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     epochs = [r for r in log if "epoch" in r and "valid_ppl" in r]
     shown = log_path.relative_to(REPO) if log_path.is_relative_to(REPO) else log_path
-    out: dict[str, Any] = {"run": name, "status": "unfinished", "epochs": epochs, "log": shown.as_posix()}
+    stopped = any(r.get("event") == "budget_stop" for r in log)  # its wall-clock budget ended it
+    out: dict[str, Any] = {"run": name, "status": "stopped early" if stopped else "unfinished", "epochs": epochs,
+                           "log": shown.as_posix()}
     if ev_path.is_file():
         ev = json.loads(ev_path.read_text())
         out.update(status="finished", metrics=release_metrics(ev), num_parameters=ev["num_parameters"],
