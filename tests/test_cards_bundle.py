@@ -174,7 +174,7 @@ def test_bundled_dir_loads_and_scores(bundled):
 
 
 def test_readme_table_from_catalogue(bundled, capsys, monkeypatch):
-    from zoo.tiers import short_device
+    from zoo.cards import short_device
 
     monkeypatch.setenv("ZOO_CATALOG", bundled["env"]["ZOO_CATALOG"])
     code, stdout, _ = run_main(capsys, "bundle", "--readme-table")

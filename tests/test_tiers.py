@@ -179,4 +179,6 @@ def test_an_unbundled_sweep_point_counts_from_its_record(runs, tmp_path):
                                            ("CPU (16 cores, 4 threads)", "CPU, 4 threads"),
                                            ("NVIDIA H100 80GB HBM3", "H100 GPU"), ("", "")])
 def test_short_device(device, short):
-    assert tiers.short_device(device) == short
+    from zoo.cards import short_device
+
+    assert short_device(device) == short

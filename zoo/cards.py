@@ -371,14 +371,23 @@ def comparison_section(report: dict[str, Any], run_name: str) -> str:
 
 
 # -- the README models table -----------------------------------------------------------------------------------
+def short_device(device: str) -> str:
+    """``"CPU (2 cores, 1 threads)"`` -> ``"CPU, 1 thread"``; ``"NVIDIA H100 80GB HBM3"`` -> ``"H100 GPU"``."""
+    if device.startswith("CPU"):
+        threads = device.split(",")[-1].strip(" )").split()[0] if "," in device else "?"
+        return f"CPU, {threads} thread{'s' if threads != '1' else ''}"
+    for gpu in ("H100", "H200", "A100", "L4", "T4"):
+        if gpu in device:
+            return f"{gpu} GPU"
+    return device
+
+
 def models_table_markdown(cat: dict[str, Any] | None = None) -> str:
     """The README's table of pretrained models, generated from the catalogue (``zoo bundle --readme-table``)."""
     if cat is None:
         from zoo.pretrained import catalog
 
         cat = catalog()
-    from zoo.tiers import short_device
-
     lines = ["| name | architecture | params | data | epochs | training time | valid | test | metric | "
              "published reference |", "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     for name, m in sorted(cat.get("models", {}).items()):

@@ -56,7 +56,7 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
     stopped by a budget), from the two files each keeps in ``model_cards/runs/``: no number is typed."""
     import json
 
-    from zoo.tiers import short_device
+    from zoo.cards import short_device
 
     folder = repo / "model_cards" / "runs"
     rows = []

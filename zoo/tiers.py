@@ -23,7 +23,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from zoo.cards import primary_metric, release_metrics
+from zoo.cards import primary_metric, release_metrics, short_device
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TIERS_FILE = PACKAGE_DIR / "tiers.toml"
@@ -51,17 +51,6 @@ def run_files(name: str, runs_dir: Path, cards_dir: Path) -> tuple[Path, Path]:
         if (folder / f"{name}.log.jsonl").is_file():
             return folder / f"{name}.log.jsonl", folder / f"{name}.eval.json"
     return cards_dir / f"{name}.log.jsonl", cards_dir / f"{name}.eval.json"
-
-
-def short_device(device: str) -> str:
-    """``"CPU (2 cores, 1 threads)"`` -> ``"CPU, 1 thread"``; ``"NVIDIA H100 80GB HBM3"`` -> ``"H100 GPU"``."""
-    if device.startswith("CPU"):
-        threads = device.split(",")[-1].strip(" )").split()[0] if "," in device else "?"
-        return f"CPU, {threads} thread{'s' if threads != '1' else ''}"
-    for gpu in ("H100", "H200", "A100", "L4", "T4"):
-        if gpu in device:
-            return f"{gpu} GPU"
-    return device
 
 
 def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0) -> dict[str, Any]:
