@@ -67,11 +67,15 @@ def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0)
     out: dict[str, Any] = {"run": name, "status": "stopped early" if stopped else "unfinished", "epochs": epochs,
                            "log": shown.as_posix()}
     if ev_path.is_file():
+        from zoo.bundle import find_reference  # (zoo.bundle reads the tier reports)
+
         ev = json.loads(ev_path.read_text())
         out.update(status="finished", metrics=release_metrics(ev), num_parameters=ev["num_parameters"],
                    architecture=ev["architecture"], train_seconds=ev["train_seconds"],
                    epochs_trained=ev["epochs_trained"], dataset=ev["dataset"],
-                   device=short_device(ev.get("device", "")))
+                   device=short_device(ev.get("device", "")),
+                   reference=find_reference(ev) if "recipe" in ev else None,
+                   test_tokens=ev["test"].get("num_tokens"))
         if epochs_budget and ev["epochs_trained"] < epochs_budget:
             out["status"] = "stopped early"
     return out
@@ -153,7 +157,8 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
     if budget:
         budget["met"] = budget["spread"] <= 2 * budget["tolerance"]  # every model within +-tol of the midpoint
     return {"tier": tier_name, "title": tier["title"], "dataset": tier["dataset"], "metric": metric,
-            "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "roles": roles,
+            "note": tier.get("note"), "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "roles": roles,
             "param_budget": budget, "claims": [check_claim(c, chosen, metric) for c in tier.get("claims", [])]}
 
 
@@ -177,11 +182,40 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Parameter budget of the chosen runs: {b['min']:,} to {b['max']:,} "
                       f"({100 * b['spread']:.1f}% spread; {'within' if b['met'] else 'OUTSIDE'} "
                       f"+-{100 * b['tolerance']:.0f}%)."]
+    if report.get("note"):
+        counts = {r.get("test_tokens") for info in report["roles"].values() for r in info["sweep"]
+                  if r["run"] == info["chosen"]} - {None}
+        scored = f" Test symbols scored: {counts.pop():,} (from each run's eval.json)." if len(counts) == 1 else ""
+        lines += ["", report["note"] + scored]
     lines += ["", "| claim | result | measured |", "|---|---|---|"]
     for c in report["claims"]:
         verdict = {True: "met", False: "**not met**", None: "pending"}[c["met"]]
         lines.append(f"| {c['source']} | {verdict} | {c['detail']} |")
+    lines += published_table(report, digits)
     return "\n".join(lines) + "\n"
+
+
+def published_table(report: dict[str, Any], digits: int) -> list[str]:
+    """Where each chosen run lands against the published number its recipe cites (``[reference]``): the
+    papers' models are usually larger and trained far longer, so this is a distance, not a claim."""
+    rows = []
+    for role, info in report["roles"].items():
+        run = next((r for r in info["sweep"] if r["run"] == info["chosen"]), None)
+        if run is None:
+            continue
+        ref = run.get("reference") or {}
+        if ref.get("test") is None or ref.get("metric", report["metric"]) != report["metric"]:
+            rows.append(f"| {role} | {run['run']} | {run['metrics']['test']:.{digits}f} | not published |  |  |")
+            continue
+        gap = run["metrics"]["test"] - ref["test"]
+        rows.append(f"| {role} | {run['run']} | {run['metrics']['test']:.{digits}f} | {ref['test']:.{digits}f} | "
+                    f"{gap:+.{digits}f} ({100 * gap / ref['test']:+.1f}%) | {ref.get('source', '')} |")
+    if not rows:
+        return []
+    return ["", f"Against the published numbers (test {report['metric']}; the published models' size and "
+                "training budget are in the last column):", "",
+            "| role | run | test here | published | difference | published model |",
+            "|---|---|---:|---:|---:|---|", *rows]
 
 
 def write(report: dict[str, Any], out_dir: Path, figure_dir: Path) -> list[Path]:
