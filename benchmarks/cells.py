@@ -23,18 +23,22 @@ thread by default (``--threads``) for stable numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from zoo.lm import LanguageModel
+from zoo.models import _compiled as compiled
+from zoo.models._compiled import python_only
 from zoo.models.base import reference_cells
 
 VOCAB, BATCH, BPTT, LAYERS = 10_000, 20, 35, 2
@@ -59,10 +63,11 @@ def arch_specs(hidden: int) -> list[tuple[str, str, dict]]:
 class Subject:
     """One timed configuration: a model plus the path (fast / reference) it runs on."""
 
-    def __init__(self, name: str, arch: str, args: dict, hidden: int, reference: bool, seed: int = 0) -> None:
+    def __init__(self, name: str, arch: str, args: dict, hidden: int, reference: bool, seed: int = 0,
+                 python_loop: bool = False) -> None:
         torch.manual_seed(seed)
-        self.name = name + (" [reference]" if reference else "")
-        self.arch, self.reference = arch, reference
+        self.name = name + (" [reference]" if reference else "") + (" [python loop]" if python_loop else "")
+        self.arch, self.reference, self.python_loop = arch, reference, python_loop
         self.lm = LanguageModel(VOCAB, arch, dict(args, hidden_size=hidden, num_layers=LAYERS), emb_size=hidden,
                                 dropoute=0.1, dropouti=0.4, dropouto=0.4)
         self.opt = torch.optim.Adam(self.lm.parameters(), lr=1e-3)
@@ -70,8 +75,10 @@ class Subject:
         self.num_parameters = self.lm.num_parameters()
         self.macs_per_token = macs_per_token(self.lm)
 
-    def _ctx(self):
-        return reference_cells(self.reference)
+    @contextlib.contextmanager
+    def _ctx(self) -> Iterator[None]:
+        with reference_cells(self.reference), (python_only() if self.python_loop else contextlib.nullcontext()):
+            yield
 
     def train_step(self, tokens: torch.Tensor) -> None:
         lm = self.lm.train()
@@ -147,6 +154,8 @@ def run_hidden(hidden: int, rounds: int, reference: bool, seed: int, models: lis
         subjects.append(Subject(name, arch, args, hidden, reference=False, seed=seed))
         if reference and arch != "lstm" and name != "alstm-nowrap":
             subjects.append(Subject(name, arch, args, hidden, reference=True, seed=seed))
+        if name == "alstm" and compiled.get("alstm_infer") is not None:   # what the C++ loop buys
+            subjects.append(Subject(name, arch, args, hidden, reference=False, seed=seed, python_loop=True))
     gen = torch.Generator().manual_seed(seed)
 
     def tokens(b: int, t: int) -> torch.Tensor:
@@ -178,7 +187,8 @@ def run_hidden(hidden: int, rounds: int, reference: bool, seed: int, models: lis
     rows = []
     for s in subjects:
         row = {"hidden": hidden, "model": s.name, "architecture": s.arch,
-               "path": "reference" if s.reference else ("fused" if s.arch == "lstm" else "fast"),
+               "path": "reference" if s.reference else ("fused" if s.arch == "lstm" else
+                                                        "fast, python loop" if s.python_loop else "fast"),
                "num_parameters": s.num_parameters, "first_step_s": first_step[s.name], "rounds": rounds,
                "macs_per_token": s.macs_per_token, "macs_ratio_to_lstm": s.macs_per_token / base_macs}
         if profile and not s.reference:
@@ -190,6 +200,35 @@ def run_hidden(hidden: int, rounds: int, reference: bool, seed: int, models: lis
                         "ratio_min": min(ratios), "ratio_max": max(ratios), "seconds": ts}
         rows.append(row)
     return rows
+
+
+#: The speed targets of the fast-cells issue: (row, measurement, hidden size or None for every size, at most).
+TARGETS = [("alstm", "train", 650, 1.8), ("alstm", "train", 200, 2.0), ("alstm", "score_b8", None, 1.5)]
+
+
+def extension_line(info: dict | None) -> str:
+    """How the C++ inference loop was had in this run (its compile time when the run built it)."""
+    if not info:
+        return "C++ inference loop: not recorded."
+    if not info.get("available"):
+        return f"C++ inference loop: unavailable ({info.get('reason')}); the aLSTM rows ran the Python loop."
+    how = "compiled by this run" if info.get("compiled_now") else "loaded from the build cache"
+    return (f"C++ inference loop (aLSTM scoring): {how} in {info['seconds']:.1f} s, before any timing; "
+            "`[python loop]` rows time the same model with the Python loop.")
+
+
+def targets_table(rows: list[dict]) -> list[str]:
+    """Each target beside the measured median ratio (and the worst round)."""
+    out = ["", "| target | measured (median, worst round) | result |", "|---|---|---|"]
+    for model, key, hidden, limit in TARGETS:
+        for r in rows:
+            if r["model"] == model and (hidden is None or r["hidden"] == hidden):
+                m = r[key]
+                what = {"train": "training", "score_b8": "scoring B=8"}[key]
+                out.append(f"| {model} {what}, hidden {r['hidden']}: <= {limit:.1f}x LSTM | "
+                           f"{m['ratio_to_lstm']:.2f}x ({m['ratio_max']:.2f}x) | "
+                           f"{'met' if m['ratio_to_lstm'] <= limit else '**not met**'} |")
+    return out if len(out) > 3 else []
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
@@ -205,6 +244,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"median over {meta['rounds']} interleaved rounds (min-max in brackets). Load average during the run: "
         f"{meta['loadavg_start']:.1f} -> {meta['loadavg_end']:.1f}.",
         "",
+        extension_line(meta.get("extension")),
+        "",
         "| hidden | model | params | GEMM MACs x LSTM | train tok/s | train x LSTM | score B=1 tok/s "
         "| B=1 x LSTM | score B=8 tok/s | B=8 x LSTM | first step s |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -214,6 +255,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         lines.append(f"| {r['hidden']} | {r['model']} | {r['num_parameters'] / 1e6:.2f}M | "
                      f"{r['macs_ratio_to_lstm']:.2f} | {tr[0]} | {tr[1]} "
                      f"| {b1[0]} | {b1[1]} | {b8[0]} | {b8[1]} | {r['first_step_s']:.2f} |")
+    lines += targets_table(rows)
     profiled = [r for r in rows if "profile" in r]
     if profiled:
         lines += ["", "Where the time goes (torch.profiler, self CPU time of one call):", "",
@@ -243,6 +285,8 @@ def main() -> None:
     ap.add_argument("--clock", choices=("cpu", "wall"), default=None,
                     help="cpu: process CPU time (default with 1 thread); wall: elapsed time (default otherwise)")
     ap.add_argument("--profile", action="store_true", help="also profile one call per fast model (op shares)")
+    ap.add_argument("--cold-extension", action="store_true",
+                    help="build the C++ inference loop into an empty folder first, to report its compile time")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "cells.json"), help="JSON output ('' to skip)")
     ap.add_argument("--md", default=str(RESULTS / "cells.md"), help="markdown table output ('' to skip)")
@@ -266,6 +310,10 @@ def main() -> None:
             "torch": torch.__version__,
             "rounds": args.rounds, "vocab": VOCAB, "batch": BATCH, "bptt": BPTT, "layers": LAYERS,
             "loadavg_start": os.getloadavg()[0], "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if args.cold_extension:
+        os.environ["ZOO_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="zoo-ext-")
+    compiled.load("alstm_infer")   # before any timing: a build (or the load) is reported, never timed
+    meta["extension"] = compiled.status()["alstm_infer"]
     try:
         with open("/proc/cpuinfo") as f:
             meta["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))

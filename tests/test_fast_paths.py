@@ -186,3 +186,65 @@ def test_tracing_uses_the_reference_loop() -> None:
         ref = stack.forward_reference(x)[0]
     assert "aten::einsum" in graph and "aten::baddbmm" not in graph   # the reference's ops, not the fast path's
     torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
+
+
+ALSTM_VARIANTS = sorted(v for v, (arch, _) in VARIANTS.items() if arch == "alstm")
+
+
+def test_the_compiled_inference_loop_builds() -> None:
+    """The C++ loop is part of the product (``make`` builds it): a source that does not compile fails here,
+    instead of every caller silently falling back to the Python loop."""
+    from zoo.models import _compiled
+
+    assert _compiled.load("alstm_infer") is not None, _compiled.status()
+    assert _compiled.status()["alstm_infer"]["available"] is True
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("variant", ALSTM_VARIANTS)
+def test_compiled_inference_equals_reference(variant: str, batch: int) -> None:
+    """No-grad aLSTM inference runs the C++ loop (the Python loop is made to fail) and equals the reference:
+    eval mode with the state carried across calls, and training mode with the same dropout draws."""
+    from unittest import mock
+
+    from zoo.models import _alstm_fast
+
+    x = torch.randn(batch, 9, IN)
+    with mock.patch.object(_alstm_fast, "_infer", side_effect=AssertionError("the Python loop ran")):
+        stack = make(variant, train=False)
+        with torch.no_grad():
+            out, st = stack(x[:, :4])
+            out2, st2 = stack(x[:, 4:], st)
+            ref, ref_st = stack.forward_reference(x)
+        torch.testing.assert_close(torch.cat((out, out2), 1), ref, atol=TOL, rtol=0)
+        for a, b in zip(st2, ref_st, strict=True):
+            torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+        stack = make(variant, train=True)
+        with torch.no_grad():
+            torch.manual_seed(5)
+            out, st = stack(x)
+            torch.manual_seed(5)
+            ref, ref_st = stack.forward_reference(x)
+        torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
+        for a, b in zip(st, ref_st, strict=True):
+            torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+def test_without_the_extension_the_python_loop_gives_the_same_numbers() -> None:
+    """``ZOO_NO_EXTENSIONS=1`` (or no compiler): the Python loop runs, says why, and agrees."""
+    code = ("import torch; from zoo.models import _compiled; from zoo.registry import build_stack; "
+            "torch.manual_seed(0); s = build_stack('alstm', input_size=4, output_size=5, hidden_size=5, "
+            "adapt_size=3).eval(); x = torch.randn(2, 6, 4)\n"
+            "with torch.no_grad(): y = s(x)[0]\n"
+            "print(_compiled.status()['alstm_infer'].get('reason', 'compiled loop'))\n"
+            "print(repr(y.flatten().tolist()))")
+    outs = []
+    for flag in ("1", "0"):
+        env = dict(os.environ, ZOO_NO_EXTENSIONS=flag)
+        res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr
+        outs.append(res.stdout.splitlines())
+    assert outs[0][0] == "disabled by ZOO_NO_EXTENSIONS"
+    assert outs[1][0] == "compiled loop"
+    torch.testing.assert_close(torch.tensor(eval(outs[0][1])), torch.tensor(eval(outs[1][1])), atol=TOL, rtol=0)

@@ -38,3 +38,18 @@ def _add_export(subparsers) -> None:
 
 
 COMMANDS.append(_add_export)
+
+
+def _add_build_ext(subparsers) -> None:
+    sp = subparsers.add_parser("build-ext", help="compile the C++ inference loops now (else: on first use)")
+    sp.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")
+
+    def run(args) -> int:
+        from zoo.models._compiled import build_all
+
+        return build_all(verbose=args.verbose)
+
+    sp.set_defaults(func=run)
+
+
+COMMANDS.append(_add_build_ext)

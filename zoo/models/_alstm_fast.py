@@ -16,6 +16,9 @@ over all ``T * B`` rows, and every time-independent input projection is hoisted 
 
 Two entry points: :class:`ALSTMSequence` (the autograd node, whenever a gradient is needed) and
 :func:`_infer` (no autograd: nothing stored, as few kernel launches per step as possible, for scoring).
+On the CPU in float32, inference runs :func:`_infer` compiled (``csrc/alstm_infer.cpp``, built once by
+:mod:`zoo.models._compiled`): the same loop with its elementwise work in plain C++ loops, which at
+scoring batch sizes removes most of the per-op dispatch cost; without a compiler :func:`_infer` runs.
 Every large ``tanh`` is computed as ``2 sigmoid(2a) - 1`` (:mod:`zoo.models._fused` explains why: ``tanh``
 is ~7x slower here): for the policy the 2 is the GEMM's ``alpha``, for the adaptation LSTM it is folded
 into its (small) weight rows, exactly in both cases.
@@ -37,6 +40,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from zoo.models import _compiled
 from zoo.models._fused import double_rows, lstm_cell_backward, lstm_cell_forward, lstm_gates_into, needs_autograd, tanh
 from zoo.models.base import State
 
@@ -478,7 +482,28 @@ def alstm_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
         res = ALSTMSequence.apply(plan, weights, x, *state, *params)
         return res[0], tuple(res[1:])
     with torch.no_grad():
+        if x.device.type == "cpu" and x.dtype == torch.float32:
+            ext = _compiled.get("alstm_infer")
+            if ext is not None:
+                return _infer_compiled(ext, plan, x, state, weights)
         return _infer(plan, x, state, weights)
+
+
+def _infer_compiled(ext: Any, plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> tuple[Tensor, State]:
+    """:func:`_infer` in C++ (``zoo/models/csrc/alstm_infer.cpp``): the same loop and arithmetic, with the
+    weights passed transposed and contiguous (see the C++ file)."""
+    cfg: list[int] = []
+    flat_w: list[Tensor] = []
+    flat_m: list[Tensor] = []
+    empty = x.new_empty(0)
+    for lp, w, (mask_h, mask_z) in zip(plan.layers, weights, plan.masks, strict=True):
+        cfg += [lp.nx, lp.nh, lp.nz, lp.nzb, lp.k0, lp.K, int(lp.recurrent), int(lp.io), int(lp.ab),
+                int(lp.hoist_gi), lp.P]
+        flat_w += [w.wv, w.wv[:, lp.k0:].t().contiguous(), w.ba, w.wp.t().contiguous(), w.w_ih.t().contiguous(),
+                   w.w_hh.t().contiguous(), w.bias]
+        flat_m += [mask_h if mask_h is not None else empty, mask_z if mask_z is not None else empty]
+    res = ext.alstm_infer(x, list(state), flat_w, flat_m, cfg, plan.layer_major, plan.per_layer)
+    return res[0], tuple(res[1:])
 
 
 def _infer(plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> tuple[Tensor, State]:

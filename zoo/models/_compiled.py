@@ -1,0 +1,153 @@
+"""The compiled (C++) inference loops: built on first use, cached, and optional.
+
+Why a C++ extension: at the batch sizes of scoring and generation (1 to 8 rows), an aLSTM step is
+dozens of tiny tensor operations whose Python dispatch costs more than their arithmetic (see
+``benchmarks/cells.py --profile``). ``zoo/models/csrc/*.cpp`` runs the same loop in C++; the matrix
+products stay ATen calls, so the numbers agree with the Python path to float rounding
+(``tests/test_fast_paths.py`` checks it).
+
+Building: ``torch.utils.cpp_extension.load`` compiles the source with the system C++ compiler the first
+time it is needed (about a minute) into a cache folder keyed by the source's hash and the torch version
+(``$ZOO_EXTENSIONS_DIR``, default ``~/.cache/alstm-zoo/extensions``); later processes load the built
+library in well under a second. ``make`` builds it at install time (``zoo build-ext``), so neither the
+demo nor the server pays the compile on a request.
+
+Optional by design: without a compiler, or with ``ZOO_NO_EXTENSIONS=1``, everything runs the Python fast
+path (same numbers, slower); :func:`status` says which is in use and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+SOURCES = {"alstm_infer": Path(__file__).resolve().parent / "csrc" / "alstm_infer.cpp"}
+
+
+
+def _cflags() -> list[str]:
+    """``-O3``, plus the vector ISA PyTorch itself dispatches to on this CPU (the elementwise loops then
+    use 256-bit registers); part of the cache key, so a cache shared between machines stays correct."""
+    flags = ["-O3"]
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap in ("AVX2", "AVX512"):
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+CFLAGS = _cflags()
+
+_lock = threading.Lock()
+_python_only = False  # set by python_only(): benchmarks time the Python loop in the same process
+_loaded: dict[str, ModuleType | None] = {}
+_info: dict[str, dict[str, Any]] = {}
+
+
+def disabled() -> bool:
+    return os.environ.get("ZOO_NO_EXTENSIONS", "") not in ("", "0")
+
+
+def get(name: str) -> ModuleType | None:
+    """The compiled module for a caller about to use it: None under :func:`python_only`, else :func:`load`."""
+    return None if _python_only else load(name)
+
+
+@contextlib.contextmanager
+def python_only() -> Iterator[None]:
+    """Within this block the callers run their Python loops (``benchmarks/cells.py`` times both)."""
+    global _python_only
+    previous, _python_only = _python_only, True
+    try:
+        yield
+    finally:
+        _python_only = previous
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ZOO_EXTENSIONS_DIR") or Path.home() / ".cache" / "alstm-zoo" / "extensions"
+    return Path(root)
+
+
+def _build_dir(name: str) -> tuple[Path, str]:
+    src = SOURCES[name]
+    key = hashlib.sha256(src.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()
+                         + sys.version.encode()).hexdigest()[:16]
+    return cache_dir() / f"{name}-{key}", f"zoo_{name}_{key}"
+
+
+def load(name: str, verbose: bool = False) -> ModuleType | None:
+    """The compiled module ``name`` (building it if needed), or None when it cannot be had; the reason
+    is in :func:`status` and, the first time, a warning."""
+    if name in _loaded:
+        return _loaded[name]
+    with _lock:
+        if name in _loaded:
+            return _loaded[name]
+        if disabled():
+            _info[name] = {"available": False, "reason": "disabled by ZOO_NO_EXTENSIONS"}
+            _loaded[name] = None
+            return None
+        build_dir, module_name = _build_dir(name)
+        built_before = any(build_dir.glob("*.so"))
+        start = time.perf_counter()
+        try:
+            from torch.utils import cpp_extension
+
+            _ninja_on_path()
+            build_dir.mkdir(parents=True, exist_ok=True)
+            if not built_before and not verbose:
+                print(f"zoo: compiling the C++ extension {name!r} (once; cached in {build_dir})",
+                      file=sys.stderr)
+            mod = cpp_extension.load(module_name, [str(SOURCES[name])], extra_cflags=CFLAGS,
+                                     build_directory=str(build_dir), verbose=verbose)
+        except Exception as e:  # no compiler, no ninja, a read-only cache dir: fall back, say so once
+            _info[name] = {"available": False, "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            warnings.warn(f"zoo: the compiled {name!r} loop is unavailable ({_info[name]['reason']}); "
+                          "using the Python path (same numbers, slower)", RuntimeWarning, stacklevel=2)
+            _loaded[name] = None
+            return None
+        _info[name] = {"available": True, "path": str(build_dir), "compiled_now": not built_before,
+                       "seconds": time.perf_counter() - start}
+        _loaded[name] = mod
+        return mod
+
+
+def _ninja_on_path() -> None:
+    """torch builds with ``ninja`` from ``PATH``; the ``ninja`` wheel puts it beside this interpreter, which
+    is not on ``PATH`` when the venv is not activated (``.venv/bin/python ...``)."""
+    if shutil.which("ninja") is None:
+        here = str(Path(sys.executable).parent)
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+
+
+def status() -> dict[str, dict[str, Any]]:
+    """Per extension: ``available``, and either where it was loaded from, whether this process compiled it
+    and how long loading took (``seconds``: the compile time when ``compiled_now``), or why it is not."""
+    return {name: dict(_info.get(name, {"available": None, "reason": "not loaded yet"})) for name in SOURCES}
+
+
+def build_all(verbose: bool = False) -> int:
+    """Build every extension now (``zoo build-ext``); exit status 0 when all are available."""
+    ok = True
+    for name in SOURCES:
+        mod = load(name, verbose=verbose)
+        info = _info[name]
+        if mod is None:
+            ok = False
+            print(f"{name}: unavailable: {info['reason']}")
+        else:
+            what = "compiled" if info["compiled_now"] else "already built, loaded"
+            print(f"{name}: {what} in {info['seconds']:.1f} s ({info['path']})")
+    return 0 if ok else 1
