@@ -122,11 +122,10 @@ def test_fast_equals_reference(variant: str, train: bool, device: str) -> None:
         assert not torch.allclose(other, fast[0])
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_inference_path_equals_reference(variant: str) -> None:
-    """The no-grad path (no autograd node, ring buffers) gives the same outputs and carried state."""
+def check_inference(variant: str, x: torch.Tensor) -> None:
+    """No-grad forward equals the reference: eval mode with the state carried across two calls, and
+    training mode with the same dropout draws."""
     stack = make(variant, train=False)
-    x = torch.randn(2, 9, IN)
     with torch.no_grad():
         out, st = stack(x[:, :4])
         out2, st2 = stack(x[:, 4:], st)
@@ -134,7 +133,6 @@ def test_inference_path_equals_reference(variant: str) -> None:
     torch.testing.assert_close(torch.cat((out, out2), 1), ref, atol=TOL, rtol=0)
     for a, b in zip(st2, ref_st, strict=True):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
-    # training mode without autograd (dropout on, same draws)
     stack = make(variant, train=True)
     with torch.no_grad():
         torch.manual_seed(5)
@@ -144,6 +142,12 @@ def test_inference_path_equals_reference(variant: str) -> None:
     torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
     for a, b in zip(st, ref_st, strict=True):
         torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_inference_path_equals_reference(variant: str) -> None:
+    """The no-grad path (no autograd node, ring buffers) gives the same outputs and carried state."""
+    check_inference(variant, torch.randn(2, 9, IN))
 
 
 def test_reference_switch() -> None:
@@ -209,25 +213,8 @@ def test_compiled_inference_equals_reference(variant: str, batch: int) -> None:
 
     from zoo.models import _alstm_fast
 
-    x = torch.randn(batch, 9, IN)
     with mock.patch.object(_alstm_fast, "_infer", side_effect=AssertionError("the Python loop ran")):
-        stack = make(variant, train=False)
-        with torch.no_grad():
-            out, st = stack(x[:, :4])
-            out2, st2 = stack(x[:, 4:], st)
-            ref, ref_st = stack.forward_reference(x)
-        torch.testing.assert_close(torch.cat((out, out2), 1), ref, atol=TOL, rtol=0)
-        for a, b in zip(st2, ref_st, strict=True):
-            torch.testing.assert_close(a, b, atol=TOL, rtol=0)
-        stack = make(variant, train=True)
-        with torch.no_grad():
-            torch.manual_seed(5)
-            out, st = stack(x)
-            torch.manual_seed(5)
-            ref, ref_st = stack.forward_reference(x)
-        torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
-        for a, b in zip(st, ref_st, strict=True):
-            torch.testing.assert_close(a, b, atol=TOL, rtol=0)
+        check_inference(variant, torch.randn(batch, 9, IN))
 
 
 def test_without_the_extension_the_python_loop_gives_the_same_numbers() -> None:
