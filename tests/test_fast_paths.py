@@ -235,3 +235,20 @@ def test_without_the_extension_the_python_loop_gives_the_same_numbers() -> None:
     assert outs[0][0] == "disabled by ZOO_NO_EXTENSIONS"
     assert outs[1][0] == "compiled loop"
     torch.testing.assert_close(torch.tensor(eval(outs[0][1])), torch.tensor(eval(outs[1][1])), atol=TOL, rtol=0)
+
+
+def test_compiled_weights_follow_parameter_updates() -> None:
+    """The C++ loop's transposed weights are cached per stack: an in-place update (an optimiser step,
+    ``load_state_dict``) must invalidate them."""
+    stack = make("alstm", train=False)
+    x = torch.randn(2, 5, IN)
+    with torch.no_grad():
+        before = stack(x)[0]
+        for p in stack.parameters():
+            p.mul_(1.5)
+        after, ref = stack(x)[0], stack.forward_reference(x)[0]
+        stack.load_state_dict(make("alstm", train=False).state_dict())
+        restored = stack(x)[0]
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, ref, atol=TOL, rtol=0)
+    torch.testing.assert_close(restored, before, atol=TOL, rtol=0)

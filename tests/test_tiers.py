@@ -199,3 +199,21 @@ def test_published_numbers_and_the_counting_note(runs):
     assert "| lstm | l-heavy | 100.00 | not published |  |  |" in md
     # two of the chosen runs say how many test tokens they scored, the others do not say: one count
     assert "Counted: every token. Test symbols scored: 82,429 (from each run's eval.json)." in md
+
+
+def test_a_char_tier_plots_bits_per_character(runs, tmp_path):
+    """Character-level tiers draw validation bpc (valid_loss / ln 2), not perplexity."""
+    from zoo import plots
+
+    rep = tiers.compare("t", runs, {"t": dict(TIERS["t"], dataset="ptb-char")})
+    assert rep["metric"] == "bits_per_char"
+    log = runs / "a" / "log.jsonl"
+    first = json.loads(log.read_text().splitlines()[0])
+    assert plots.value(first, "valid_bpc") == pytest.approx(math.log(150) / math.log(2))
+    out = plots.plot_curves([runs / "a"], tmp_path / "c.png", "t", metric="valid_bpc")
+    assert out.stat().st_size > 1000
+    from unittest import mock
+
+    with mock.patch("zoo.plots.plot_curves", side_effect=lambda logs, out, *a, **k: out) as plot:
+        tiers.write(rep, tmp_path / "out", tmp_path / "out")
+    assert plot.call_args.kwargs["metric"] == "valid_bpc"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 
@@ -35,6 +36,14 @@ def read_log(run_dir: str | Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if "valid_ppl" in r and "epoch" in r]
 
 
+#: Axis labels; ``valid_bpc`` is derived from the logged ``valid_loss`` (nats per character / ln 2).
+YLABELS = {"valid_ppl": "validation perplexity", "valid_bpc": "validation bits per character"}
+
+
+def value(rec: dict, metric: str) -> float:
+    return rec["valid_loss"] / math.log(2) if metric == "valid_bpc" else rec[metric]
+
+
 def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", metric: str = "valid_ppl",
                 labels: list[str] | None = None) -> Path:
     """Two panels: ``metric`` by epoch and by cumulative training minutes, one line per run. ``labels``
@@ -48,11 +57,11 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     names = labels if labels is not None else [run_label(run) for run in run_dirs]
     logs = [(name, recs) for run, name in zip(run_dirs, names, strict=True) if (recs := read_log(run))]
-    lo = min((r[metric] for _, recs in logs for r in recs), default=1.0)
-    hi = max((r[metric] for _, recs in logs for r in recs), default=1.0)
+    lo = min((value(r, metric) for _, recs in logs for r in recs), default=1.0)
+    hi = max((value(r, metric) for _, recs in logs for r in recs), default=1.0)
     top = min(hi, lo * SCALE_LIMIT)
     for label, recs in logs:
-        ys = [r[metric] for r in recs]
+        ys = [value(r, metric) for r in recs]
         if max(ys) > top:
             label += " (off scale)"
         minutes, total = [], 0.0
@@ -61,7 +70,7 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
             minutes.append(total / 60)
         ax1.plot([r["epoch"] for r in recs], ys, marker="o", ms=3, label=label)
         ax2.plot(minutes, ys, marker="o", ms=3, label=label)
-    ylabel = "validation perplexity" if metric == "valid_ppl" else metric
+    ylabel = YLABELS.get(metric, metric)
     ax1.set(xlabel="epoch", ylabel=ylabel, yscale="log")
     ax2.set(xlabel="training minutes (excluding evaluation)", ylabel=ylabel, yscale="log")
     from matplotlib.ticker import FuncFormatter
@@ -89,8 +98,10 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", help="run directories holding log.jsonl, or log files")
     ap.add_argument("--out", required=True)
     ap.add_argument("--title", default="")
+    ap.add_argument("--metric", choices=sorted(YLABELS), default="valid_ppl",
+                    help="valid_bpc for character-level runs (default: valid_ppl)")
     args = ap.parse_args()
-    print(plot_curves(args.runs, args.out, args.title))
+    print(plot_curves(args.runs, args.out, args.title, metric=args.metric))
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ def write(report: dict[str, Any], out_dir: Path, figure_dir: Path) -> list[Path]
     if shown:
         from zoo.plots import plot_curves
 
-        metric = "valid_ppl" if report["metric"] == "perplexity" else "valid_loss"
+        metric = "valid_ppl" if report["metric"] == "perplexity" else "valid_bpc"
         labels = [r["run"] + (f" ({r['device']})" if r.get("device") else "") for r in shown]
         paths.append(plot_curves([REPO / r["log"] for r in shown], figure_dir / f"{name}-tier-curve.png",
                                  report["title"], metric=metric, labels=labels))

@@ -477,31 +477,43 @@ def alstm_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
     masks = stack.draw_masks(B, x.device, x.dtype) if stack.training else None
     plan = _Plan(stack, masks)
     params = plan.params()
-    weights = derived_weights(plan, params)
     if needs_autograd(x, state, params):
+        weights = derived_weights(plan, params)
         res = ALSTMSequence.apply(plan, weights, x, *state, *params)
         return res[0], tuple(res[1:])
     with torch.no_grad():
         if x.device.type == "cpu" and x.dtype == torch.float32:
             ext = _compiled.get("alstm_infer")
             if ext is not None:
-                return _infer_compiled(ext, plan, x, state, weights)
-        return _infer(plan, x, state, weights)
+                return _infer_compiled(ext, stack, plan, x, state, params)
+        return _infer(plan, x, state, derived_weights(plan, params))
 
 
-def _infer_compiled(ext: Any, plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> tuple[Tensor, State]:
-    """:func:`_infer` in C++ (``zoo/models/csrc/alstm_infer.cpp``): the same loop and arithmetic, with the
-    weights passed transposed and contiguous (see the C++ file)."""
+def _compiled_weights(stack: Any, plan: _Plan, params: list[Tensor]) -> tuple[list[int], list[Tensor]]:
+    """The C++ loop's per-layer sizes and weights (transposed, contiguous), cached on the stack while its
+    parameters are unchanged (same storage, same in-place version): inference calls, often a few tokens
+    long in the demo and the server, then skip the copies."""
+    key = tuple((p.data_ptr(), p._version, tuple(p.shape)) for p in params)
+    cached = stack.__dict__.get("_compiled_weights_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1], cached[2]
     cfg: list[int] = []
     flat_w: list[Tensor] = []
-    flat_m: list[Tensor] = []
-    empty = x.new_empty(0)
-    for lp, w, (mask_h, mask_z) in zip(plan.layers, weights, plan.masks, strict=True):
+    for lp, w in zip(plan.layers, derived_weights(plan, params), strict=True):
         cfg += [lp.nx, lp.nh, lp.nz, lp.nzb, lp.k0, lp.K, int(lp.recurrent), int(lp.io), int(lp.ab),
                 int(lp.hoist_gi), lp.P]
         flat_w += [w.wv, w.wv[:, lp.k0:].t().contiguous(), w.ba, w.wp.t().contiguous(), w.w_ih.t().contiguous(),
-                   w.w_hh.t().contiguous(), w.bias]
-        flat_m += [mask_h if mask_h is not None else empty, mask_z if mask_z is not None else empty]
+                   w.w_hh.t().contiguous(), w.bias.detach()]
+    stack.__dict__["_compiled_weights_cache"] = (key, cfg, flat_w)
+    return cfg, flat_w
+
+
+def _infer_compiled(ext: Any, stack: Any, plan: _Plan, x: Tensor, state: State,
+                    params: list[Tensor]) -> tuple[Tensor, State]:
+    """:func:`_infer` in C++ (``zoo/models/csrc/alstm_infer.cpp``): the same loop and arithmetic."""
+    cfg, flat_w = _compiled_weights(stack, plan, params)
+    empty = x.new_empty(0)
+    flat_m = [m if m is not None else empty for pair in plan.masks for m in pair]
     res = ext.alstm_infer(x, list(state), flat_w, flat_m, cfg, plan.layer_major, plan.per_layer)
     return res[0], tuple(res[1:])
 
