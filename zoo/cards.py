@@ -254,8 +254,9 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
         rows.append(f"| perplexity (float32, before the cast) | {ev['valid']['ppl']:.3f} | {ev['test']['ppl']:.3f} |")
     if reference:
         unit = reference.get("metric", metric)
+        digits = 3 if unit == "bits_per_char" else 2   # the papers give bpc to 3 decimals
         rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | "
-                    f"{_fmt(reference.get('valid'))} | {_fmt(reference.get('test'))} |")
+                    f"{_fmt(reference.get('valid'), digits)} | {_fmt(reference.get('test'), digits)} |")
     add(header + "\n" + "\n".join(rows) + "\n")
 
     for rep in comparisons:
@@ -265,7 +266,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     add("```python\nimport zoo\n\n"
         f'model = zoo.load("{name}")\n'
         'report = model.score("the stock market fell sharply on monday")\n'
-        'print(report.texts[0]["ppl"])\n'
+        f'print(report.texts[0]["{"bits_per_char" if ds.char_level else "ppl"}"])\n'
         'print(model.generate("the company said", max_new_tokens=20, seed=0))\n```\n')
     add(f"Command line: `zoo score {name} --text \"...\"`, `zoo generate {name} --prompt \"...\"`, "
         f"`zoo eval {name} --dataset {ev['dataset']}`. From the Hub: `zoo download {name}` "
