@@ -154,7 +154,7 @@ def run_hidden(hidden: int, rounds: int, reference: bool, seed: int, models: lis
         subjects.append(Subject(name, arch, args, hidden, reference=False, seed=seed))
         if reference and arch != "lstm" and name != "alstm-nowrap":
             subjects.append(Subject(name, arch, args, hidden, reference=True, seed=seed))
-        if name == "alstm" and compiled.get("alstm_infer") is not None:   # what the C++ loop buys
+        if name in ("alstm", "hyperlstm") and compiled.get(COMPILED[arch]) is not None:  # what C++ buys
             subjects.append(Subject(name, arch, args, hidden, reference=False, seed=seed, python_loop=True))
     gen = torch.Generator().manual_seed(seed)
 
@@ -206,15 +206,23 @@ def run_hidden(hidden: int, rounds: int, reference: bool, seed: int, models: lis
 TARGETS = [("alstm", "train", 650, 1.8), ("alstm", "train", 200, 2.0), ("alstm", "score_b8", None, 1.5)]
 
 
-def extension_line(info: dict | None) -> str:
-    """How the C++ inference loop was had in this run (its compile time when the run built it)."""
-    if not info:
-        return "C++ inference loop: not recorded."
-    if not info.get("available"):
-        return f"C++ inference loop: unavailable ({info.get('reason')}); the aLSTM rows ran the Python loop."
-    how = "compiled by this run" if info.get("compiled_now") else "loaded from the build cache"
-    return (f"C++ inference loop (aLSTM scoring): {how} in {info['seconds']:.1f} s, before any timing; "
-            "`[python loop]` rows time the same model with the Python loop.")
+#: Architectures whose no-grad path has a compiled loop (``zoo/models/csrc/``): aLSTM (any mode), HyperLSTM (eval).
+COMPILED = {"alstm": "alstm_infer", "hyperlstm": "hyper_infer"}
+
+
+def extension_line(infos: dict | None) -> str:
+    """How the C++ inference loops were had in this run (their compile time when the run built them)."""
+    if not infos:
+        return "C++ inference loops: not recorded."
+    parts = []
+    for name, info in infos.items():
+        if not info.get("available"):
+            parts.append(f"`{name}` unavailable ({info.get('reason')}; the Python loop ran)")
+        else:
+            how = "compiled by this run" if info.get("compiled_now") else "loaded from the build cache"
+            parts.append(f"`{name}` {how} in {info['seconds']:.1f} s")
+    return ("C++ inference loops (scoring): " + ", ".join(parts) + ", before any timing. `[python loop]` rows "
+            "time the same model with the Python loop instead.")
 
 
 def targets_table(rows: list[dict]) -> list[str]:
@@ -244,7 +252,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"median over {meta['rounds']} interleaved rounds (min-max in brackets). Load average during the run: "
         f"{meta['loadavg_start']:.1f} -> {meta['loadavg_end']:.1f}.",
         "",
-        extension_line(meta.get("extension")),
+        extension_line(meta.get("extensions")),
         "",
         "| hidden | model | params | GEMM MACs x LSTM | train tok/s | train x LSTM | score B=1 tok/s "
         "| B=1 x LSTM | score B=8 tok/s | B=8 x LSTM | first step s |",
@@ -312,8 +320,9 @@ def main() -> None:
             "loadavg_start": os.getloadavg()[0], "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if args.cold_extension:
         os.environ["ZOO_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="zoo-ext-")
-    compiled.load("alstm_infer")   # before any timing: a build (or the load) is reported, never timed
-    meta["extension"] = compiled.status()["alstm_infer"]
+    for name in COMPILED.values():   # before any timing: a build (or the load) is reported, never timed
+        compiled.load(name)
+    meta["extensions"] = {name: compiled.status()[name] for name in COMPILED.values()}
     try:
         with open("/proc/cpuinfo") as f:
             meta["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))

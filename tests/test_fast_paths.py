@@ -193,28 +193,51 @@ def test_tracing_uses_the_reference_loop() -> None:
 
 
 ALSTM_VARIANTS = sorted(v for v, (arch, _) in VARIANTS.items() if arch == "alstm")
+HYPER_VARIANTS = sorted(v for v, (arch, _) in VARIANTS.items() if arch == "hyperlstm")
 
 
-def test_the_compiled_inference_loop_builds() -> None:
-    """The C++ loop is part of the product (``make`` builds it): a source that does not compile fails here,
-    instead of every caller silently falling back to the Python loop."""
+@pytest.mark.parametrize("name", ["alstm_infer", "hyper_infer"])
+def test_the_compiled_inference_loops_build(name: str) -> None:
+    """The C++ loops are part of the product (``make`` builds them): a source that does not compile fails
+    here, instead of every caller silently falling back to the Python loop."""
     from zoo.models import _compiled
 
-    assert _compiled.load("alstm_infer") is not None, _compiled.status()
-    assert _compiled.status()["alstm_infer"]["available"] is True
+    assert _compiled.load(name) is not None, _compiled.status()
+    assert _compiled.status()[name]["available"] is True
 
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("variant", ALSTM_VARIANTS)
-def test_compiled_inference_equals_reference(variant: str, batch: int) -> None:
-    """No-grad aLSTM inference runs the C++ loop (the Python loop is made to fail) and equals the reference:
-    eval mode with the state carried across calls, and training mode with the same dropout draws."""
+def test_compiled_alstm_inference_equals_reference(variant: str, batch: int) -> None:
+    """No-grad aLSTM inference runs the C++ loop (the Python loop is made to fail) and equals the reference,
+    in eval mode and in training mode (dropout masks passed to the C++ loop)."""
     from unittest import mock
 
     from zoo.models import _alstm_fast
 
     with mock.patch.object(_alstm_fast, "_infer", side_effect=AssertionError("the Python loop ran")):
         check_inference(variant, torch.randn(batch, 9, IN))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("variant", HYPER_VARIANTS)
+def test_compiled_hyperlstm_inference_equals_reference(variant: str, batch: int) -> None:
+    """Eval-mode HyperLSTM inference (with and without layer norm) runs the C++ loop and equals the reference,
+    the state carried across calls."""
+    from unittest import mock
+
+    from zoo.models import _hyper_fast
+
+    stack = make(variant, train=False)
+    x = torch.randn(batch, 9, IN)
+    with torch.no_grad(), mock.patch.object(_hyper_fast, "_forward", side_effect=AssertionError("Python loop")):
+        out, st = stack(x[:, :4])
+        out2, st2 = stack(x[:, 4:], st)
+    with torch.no_grad():
+        ref, ref_st = stack.forward_reference(x)
+    torch.testing.assert_close(torch.cat((out, out2), 1), ref, atol=TOL, rtol=0)
+    for a, b in zip(st2, ref_st, strict=True):
+        torch.testing.assert_close(a, b, atol=TOL, rtol=0)
 
 
 def test_without_the_extension_the_python_loop_gives_the_same_numbers() -> None:
@@ -237,17 +260,18 @@ def test_without_the_extension_the_python_loop_gives_the_same_numbers() -> None:
     torch.testing.assert_close(torch.tensor(eval(outs[0][1])), torch.tensor(eval(outs[1][1])), atol=TOL, rtol=0)
 
 
-def test_compiled_weights_follow_parameter_updates() -> None:
-    """The C++ loop's transposed weights are cached per stack: an in-place update (an optimiser step,
+@pytest.mark.parametrize("variant", ["alstm", "hyperlstm"])
+def test_compiled_weights_follow_parameter_updates(variant: str) -> None:
+    """The C++ loops' transposed weights are cached per stack: an in-place update (an optimiser step,
     ``load_state_dict``) must invalidate them."""
-    stack = make("alstm", train=False)
+    stack = make(variant, train=False)
     x = torch.randn(2, 5, IN)
     with torch.no_grad():
         before = stack(x)[0]
         for p in stack.parameters():
             p.mul_(1.5)
         after, ref = stack(x)[0], stack.forward_reference(x)[0]
-        stack.load_state_dict(make("alstm", train=False).state_dict())
+        stack.load_state_dict(make(variant, train=False).state_dict())
         restored = stack(x)[0]
     assert not torch.allclose(before, after)
     torch.testing.assert_close(after, ref, atol=TOL, rtol=0)

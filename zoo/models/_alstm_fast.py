@@ -489,14 +489,8 @@ def alstm_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
         return _infer(plan, x, state, derived_weights(plan, params))
 
 
-def _compiled_weights(stack: Any, plan: _Plan, params: list[Tensor]) -> tuple[list[int], list[Tensor]]:
-    """The C++ loop's per-layer sizes and weights (transposed, contiguous), cached on the stack while its
-    parameters are unchanged (same storage, same in-place version): inference calls, often a few tokens
-    long in the demo and the server, then skip the copies."""
-    key = tuple((p.data_ptr(), p._version, tuple(p.shape)) for p in params)
-    cached = stack.__dict__.get("_compiled_weights_cache")
-    if cached is not None and cached[0] == key:
-        return cached[1], cached[2]
+def _compiled_weights(plan: _Plan, params: list[Tensor]) -> tuple[list[int], list[Tensor]]:
+    """The C++ loop's per-layer sizes and weights (transposed, contiguous), in its argument order."""
     cfg: list[int] = []
     flat_w: list[Tensor] = []
     for lp, w in zip(plan.layers, derived_weights(plan, params), strict=True):
@@ -504,14 +498,13 @@ def _compiled_weights(stack: Any, plan: _Plan, params: list[Tensor]) -> tuple[li
                 int(lp.hoist_gi), lp.P]
         flat_w += [w.wv, w.wv[:, lp.k0:].t().contiguous(), w.ba, w.wp.t().contiguous(), w.w_ih.t().contiguous(),
                    w.w_hh.t().contiguous(), w.bias.detach()]
-    stack.__dict__["_compiled_weights_cache"] = (key, cfg, flat_w)
     return cfg, flat_w
 
 
 def _infer_compiled(ext: Any, stack: Any, plan: _Plan, x: Tensor, state: State,
                     params: list[Tensor]) -> tuple[Tensor, State]:
     """:func:`_infer` in C++ (``zoo/models/csrc/alstm_infer.cpp``): the same loop and arithmetic."""
-    cfg, flat_w = _compiled_weights(stack, plan, params)
+    cfg, flat_w = _compiled.cached_weights(stack, params, lambda: _compiled_weights(plan, params))
     empty = x.new_empty(0)
     flat_m = [m if m is not None else empty for pair in plan.masks for m in pair]
     res = ext.alstm_infer(x, list(state), flat_w, flat_m, cfg, plan.layer_major, plan.per_layer)

@@ -26,14 +26,15 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
-SOURCES = {"alstm_infer": Path(__file__).resolve().parent / "csrc" / "alstm_infer.cpp"}
+_CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = {"alstm_infer": _CSRC / "alstm_infer.cpp", "hyper_infer": _CSRC / "hyper_infer.cpp"}
 
 
 
@@ -130,6 +131,21 @@ def _ninja_on_path() -> None:
     if shutil.which("ninja") is None:
         here = str(Path(sys.executable).parent)
         os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+
+
+def cached_weights(stack: Any, params: list[torch.Tensor],
+                   build: Callable[[], tuple[list[int], list[torch.Tensor]]]) -> tuple[list[int], list[torch.Tensor]]:
+    """A compiled loop's ``(sizes, weights)`` for ``stack``, from ``build()`` once and then from a cache on the
+    stack while its parameters are unchanged (same storage, same in-place version, so an optimiser step or
+    ``load_state_dict`` invalidates it): inference calls, often a few tokens long in the demo and the
+    server, then skip the transposed copies."""
+    key = tuple((p.data_ptr(), p._version, tuple(p.shape)) for p in params)
+    cached = stack.__dict__.get("_compiled_weights_cache")
+    if cached is not None and cached[0] == key:
+        return cached[1], cached[2]
+    cfg, flat_w = build()
+    stack.__dict__["_compiled_weights_cache"] = (key, cfg, flat_w)
+    return cfg, flat_w
 
 
 def status() -> dict[str, dict[str, Any]]:

@@ -10,6 +10,9 @@ into the 4 beta slots) and the main ``W_h h``. The hand-written backward does th
 step and batches every weight and input gradient over the segment. Gate tensors are kept gate-major
 (``[4, B, n]``) so that each gate is a contiguous ``[B, n]`` block.
 
+In eval mode on the CPU (float32) the no-grad forward runs the same loop compiled
+(``csrc/hyper_infer.cpp``, built once by :mod:`zoo.models._compiled`), else :func:`_forward` without storage.
+
 Layer norm (optional) uses ``native_layer_norm`` and its backward; the per-step candidate dropout uses
 masks drawn up front in the reference's order (step-major, hyper cell before main cell), so the RNG
 stream, and therefore the result, equals :meth:`RecurrentStack.forward_reference`. The run-time forget
@@ -24,6 +27,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from zoo.models import _compiled
 from zoo.models._fused import needs_autograd, tanh_into
 from zoo.models.base import State
 
@@ -333,10 +337,35 @@ def hyper_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
     masks = stack.draw_masks(x.shape[0], x.device, x.dtype) if stack.training else None
     plan = _Plan(stack, masks, stack.training)
     params = plan.params()
-    weights = _derived(plan)
     if needs_autograd(x, state, params):
+        weights = _derived(plan)
         res = HyperSequence.apply(plan, weights, x, *state, *params)
         return res[0], tuple(res[1:])
     with torch.no_grad():
-        out, new_state, _ = _forward(plan, x, state, weights, store=False)
+        if not stack.training and x.device.type == "cpu" and x.dtype == torch.float32:
+            ext = _compiled.get("hyper_infer")
+            if ext is not None:
+                cfg, flat_w = _compiled.cached_weights(stack, params, lambda: _compiled_weights(plan))
+                res = ext.hyper_infer(x, list(state), flat_w, cfg)
+                return res[0], tuple(res[1:])
+        out, new_state, _ = _forward(plan, x, state, _derived(plan), store=False)
     return out, new_state
+
+
+def _compiled_weights(plan: _Plan) -> tuple[list[int], list[Tensor]]:
+    """The eval-mode C++ loop's sizes and weights, in the order ``csrc/hyper_infer.cpp`` lists them."""
+    cfg: list[int] = []
+    flat_w: list[Tensor] = []
+    for w in _derived(plan):
+        ln = w.main.ln is not None
+        cfg += [w.nin, w.n, w.nh, w.nz, int(ln)]
+        flat_w += [w.w_xh.detach(), w.w_hh.detach().t().contiguous(), w.whx.contiguous(), w.wh.t().contiguous(),
+                   w.b_hat, w.zw.t().contiguous(), w.zw_b, w.ab, w.c12.contiguous()]
+        for spec in (w.main, w.hyper):
+            if spec.ln is None:
+                flat_w.append(w.b_hat.new_empty(0))
+            else:
+                g4, b4, gc, bc = spec.ln
+                flat_w.append(torch.cat((g4.reshape(4, -1), b4.reshape(4, -1), gc.view(1, -1), bc.view(1, -1)))
+                              .detach().contiguous())
+    return cfg, flat_w
