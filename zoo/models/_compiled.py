@@ -82,10 +82,17 @@ def cache_dir() -> Path:
 
 
 def _build_dir(name: str) -> tuple[Path, str]:
+    """The build folder and module name of ``name``: keyed by the source, the flags and this torch install
+    (its version and location: the build's include paths point into it, so two venvs must not share one)."""
     src = SOURCES[name]
     key = hashlib.sha256(src.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()
-                         + sys.version.encode()).hexdigest()[:16]
+                         + str(Path(torch.__file__).resolve()).encode() + sys.version.encode()).hexdigest()[:16]
     return cache_dir() / f"{name}-{key}", f"zoo_{name}_{key}"
+
+
+def _library_mtime(build_dir: Path) -> float | None:
+    libs = list(build_dir.glob("*.so"))
+    return max(p.stat().st_mtime for p in libs) if libs else None
 
 
 def load(name: str, verbose: bool = False) -> ModuleType | None:
@@ -101,14 +108,14 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
             _loaded[name] = None
             return None
         build_dir, module_name = _build_dir(name)
-        built_before = any(build_dir.glob("*.so"))
+        before = _library_mtime(build_dir)
         start = time.perf_counter()
         try:
             from torch.utils import cpp_extension
 
             _ninja_on_path()
             build_dir.mkdir(parents=True, exist_ok=True)
-            if not built_before and not verbose:
+            if before is None and not verbose:
                 print(f"zoo: compiling the C++ extension {name!r} (once; cached in {build_dir})",
                       file=sys.stderr)
             mod = cpp_extension.load(module_name, [str(SOURCES[name])], extra_cflags=CFLAGS,
@@ -119,7 +126,7 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
                           "using the Python path (same numbers, slower)", RuntimeWarning, stacklevel=2)
             _loaded[name] = None
             return None
-        _info[name] = {"available": True, "path": str(build_dir), "compiled_now": not built_before,
+        _info[name] = {"available": True, "path": str(build_dir), "compiled_now": _library_mtime(build_dir) != before,
                        "seconds": time.perf_counter() - start}
         _loaded[name] = mod
         return mod
