@@ -1,16 +1,16 @@
 """The compiled (C++) inference loops: built on first use, cached, and optional.
 
-Why a C++ extension: at the batch sizes of scoring and generation (1 to 8 rows), an aLSTM step is
-dozens of tiny tensor operations whose Python dispatch costs more than their arithmetic (see
+Why a C++ extension: at the batch sizes of scoring and generation (1 to 8 rows), an aLSTM or HyperLSTM
+step is dozens of tiny tensor operations whose Python dispatch costs more than their arithmetic (see
 ``benchmarks/cells.py --profile``). ``zoo/models/csrc/*.cpp`` runs the same loop in C++; the matrix
 products stay ATen calls, so the numbers agree with the Python path to float rounding
 (``tests/test_fast_paths.py`` checks it).
 
 Building: ``torch.utils.cpp_extension.load`` compiles the source with the system C++ compiler the first
-time it is needed (about a minute) into a cache folder keyed by the source's hash and the torch version
-(``$ZOO_EXTENSIONS_DIR``, default ``~/.cache/alstm-zoo/extensions``); later processes load the built
-library in well under a second. ``make`` builds it at install time (``zoo build-ext``), so neither the
-demo nor the server pays the compile on a request.
+time it is needed (under a minute per loop) into a cache folder keyed by the source's hash, the flags and
+the torch install (``$ZOO_EXTENSIONS_DIR``, default ``~/.cache/alstm-zoo/extensions``); later processes
+load the built library in well under a second. ``make`` builds the loops at install time
+(``zoo build-ext``), so neither the demo nor the server pays the compile on a request.
 
 Optional by design: without a compiler, or with ``ZOO_NO_EXTENSIONS=1``, everything runs the Python fast
 path (same numbers, slower); :func:`status` says which is in use and why.
@@ -35,7 +35,6 @@ import torch
 
 _CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = {"alstm_infer": _CSRC / "alstm_infer.cpp", "hyper_infer": _CSRC / "hyper_infer.cpp"}
-
 
 
 def _cflags() -> list[str]:
