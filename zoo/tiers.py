@@ -100,10 +100,14 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
         return res
     res.update(model_run=model["run"], baseline_run=base["run"])
     kind = claim["kind"]
+
+    def num(v: float) -> str:   # bpc to the papers' 3 decimals; perplexity to 4 significant digits
+        return f"{v:.3f}" if metric == "bits_per_char" else f"{v:.4g}"
+
     if kind == "test_improvement":
         rel = 1 - model["metrics"]["test"] / base["metrics"]["test"]
         res.update(target_min_rel=claim["min_rel"], measured_rel=rel, met=rel >= claim["min_rel"],
-                   detail=f"test {metric}: {model['metrics']['test']:.4g} vs {base['metrics']['test']:.4g} "
+                   detail=f"test {metric}: {num(model['metrics']['test'])} vs {num(base['metrics']['test'])} "
                           f"({abs(100 * rel):.1f}% {'lower' if rel >= 0 else 'higher'}; target: at least "
                           f"{100 * claim['min_rel']:.1f}% lower)")
     elif kind == "epochs_to_baseline_best":
@@ -115,9 +119,9 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
         res.update(baseline_best_valid=best, baseline_best_epoch=base_epoch, model_epoch_reached=reached,
                    target_max_ratio=claim["max_ratio"], measured_ratio=ratio,
                    met=ratio is not None and ratio <= claim["max_ratio"],
-                   detail=(f"baseline best valid {best:.4g} at epoch {base_epoch}; model reached it at epoch "
+                   detail=(f"baseline best valid {num(best)} at epoch {base_epoch}; model reached it at epoch "
                            f"{reached} ({ratio:.2f}x; target <= {claim['max_ratio']}x)" if reached else
-                           f"baseline best valid {best:.4g} at epoch {base_epoch}; model never reached it"))
+                           f"baseline best valid {num(best)} at epoch {base_epoch}; model never reached it"))
     elif kind == "epochs_to_baseline_train":
         final = base["epochs"][-1]["train_loss"]
         n_base = len(base["epochs"])
@@ -176,7 +180,8 @@ def markdown(report: dict[str, Any]) -> str:
                       f"{m['test']:.{digits}f}", r["device"]] if m else
                      ["", str(r["epochs_logged"] or ""),
                       f"({r['last_valid']:.{digits}f} at its last epoch)" if "last_valid" in r else "", "", ""])
-            lines.append(f"| {role} | {name} | {r['status']} | " + " | ".join(cells) + " |")
+            status = "not trained yet" if r["status"] == "missing" else r["status"]
+            lines.append(f"| {role} | {name} | {status} | " + " | ".join(cells) + " |")
     b = report["param_budget"]
     if b:
         lines += ["", f"Parameter budget of the chosen runs: {b['min']:,} to {b['max']:,} "
