@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[all]'
-	$(VENV)/bin/zoo build-ext || echo "(the C++ inference loop did not build: the Python path will be used)"
+	$(VENV)/bin/zoo build-ext || echo "(the C++ inference loops did not build: the Python loops will be used)"
 	touch $(STAMP)
 
 venv: $(STAMP)

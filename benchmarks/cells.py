@@ -38,7 +38,6 @@ from tqdm import tqdm
 
 from zoo.lm import LanguageModel
 from zoo.models import _compiled as compiled
-from zoo.models._compiled import python_only
 from zoo.models.base import reference_cells
 
 VOCAB, BATCH, BPTT, LAYERS = 10_000, 20, 35, 2
@@ -77,7 +76,8 @@ class Subject:
 
     @contextlib.contextmanager
     def _ctx(self) -> Iterator[None]:
-        with reference_cells(self.reference), (python_only() if self.python_loop else contextlib.nullcontext()):
+        loops = compiled.python_only() if self.python_loop else contextlib.nullcontext()
+        with reference_cells(self.reference), loops:
             yield
 
     def train_step(self, tokens: torch.Tensor) -> None:
