@@ -32,6 +32,9 @@ class DatasetInfo:
     config: str | None
     char_level: bool
     licence: str
+    # the card's usage example, written in the corpus's own normalisation so that it scores as the data does
+    example_text: str = "the stock market fell sharply on monday"
+    example_prompt: str = "the company said"
 
 
 DATASETS: dict[str, DatasetInfo] = {
@@ -41,7 +44,9 @@ DATASETS: dict[str, DatasetInfo] = {
     "ptb-char": DatasetInfo("ptb-text-only/ptb_text_only", "Penn Treebank (character level, Mikolov)",
                             "penn_treebank", True, "LDC Treebank-3 (LDC99T42) text; research use"),
     "wikitext-2": DatasetInfo("Salesforce/wikitext", "WikiText-2 (wikitext-2-v1, tokenised)", "wikitext-2-v1", False,
-                              "CC BY-SA 3.0 (Wikipedia)"),
+                              "CC BY-SA 3.0 (Wikipedia)",
+                              "The album was released in 2010 and received positive reviews from critics.",
+                              "The game was"),
 }
 
 ARCH_TITLES = {"alstm": "adaptive LSTM (aLSTM)", "hyperlstm": "HyperLSTM", "pnorm_gru": "p-norm gated GRU",
@@ -265,9 +270,9 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     add("## Usage\n")
     add("```python\nimport zoo\n\n"
         f'model = zoo.load("{name}")\n'
-        'report = model.score("the stock market fell sharply on monday")\n'
+        f'report = model.score("{ds.example_text}")\n'
         f'print(report.texts[0]["{"bits_per_char" if ds.char_level else "ppl"}"])\n'
-        'print(model.generate("the company said", max_new_tokens=20, seed=0))\n```\n')
+        f'print(model.generate("{ds.example_prompt}", max_new_tokens=20, seed=0))\n```\n')
     add(f"Command line: `zoo score {name} --text \"...\"`, `zoo generate {name} --prompt \"...\"`, "
         f"`zoo eval {name} --dataset {ev['dataset']}`. From the Hub: `zoo download {name}` "
         f"(repository `{repo_id}`, revision `{revision}`; every file is checked against the sha256 in the "
