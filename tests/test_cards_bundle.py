@@ -239,3 +239,22 @@ def test_real_bundled_model_card_matches_catalogue(name):
     # the evaluation file the bundle was made from is committed beside the card
     run_eval = REPO / "model_cards" / f"{name}.eval.json"
     assert cards.release_metrics(json.loads(run_eval.read_text())) == entry["metrics"]
+
+
+@pytest.mark.parametrize("dataset", sorted(cards.DATASETS))
+def test_card_usage_example_is_in_the_corpus_vocabulary(dataset):
+    """The card's usage example is written in its corpus's normalisation: every token is known, none is <unk>.
+
+    A lower-cased, punctuation-free PTB sentence would score as a string of ``<unk>`` under WikiText-2's cased
+    vocabulary, and the first thing a reader runs would give a misleading perplexity.
+    """
+    from zoo.data import load_corpus
+    from zoo.tokenizer import Tokenizer
+    from zoo.train import NORMALIZATION
+
+    info = cards.DATASETS[dataset]
+    tok = Tokenizer(load_corpus(dataset).vocab, NORMALIZATION[dataset])
+    for text in (info.example_text, info.example_prompt):
+        enc = tok.encode(text)
+        assert len(enc.ids) >= 3
+        assert tok.count_unk(enc) == 0, (dataset, text, enc.tokens)
