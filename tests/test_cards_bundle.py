@@ -258,3 +258,18 @@ def test_card_usage_example_is_in_the_corpus_vocabulary(dataset):
         enc = tok.encode(text)
         assert len(enc.ids) >= 3
         assert tok.count_unk(enc) == 0, (dataset, text, enc.tokens)
+
+
+def test_reference_comes_from_the_recipe_file_before_the_runs_copy(tmp_path):
+    """A corrected published reference in the recipe file reaches the card without retraining; a run whose
+    recipe file is gone still has the copy its eval.json recorded."""
+    from zoo.bundle import find_reference
+
+    old = {"valid": 1.0, "test": 2.0, "metric": "perplexity", "source": "as recorded when the run started"}
+    ev = {"recipe": {"name": "no-such-recipe-anywhere", "reference": old}}
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[reference]\nvalid = 67.5\ntest = 64.5\nmetric = "perplexity"\nsource = "corrected"\n')
+    assert find_reference(ev, recipe)["source"] == "corrected"
+    assert find_reference(ev) == old
+    with pytest.raises(BundleError, match="no such recipe file"):
+        find_reference(ev, tmp_path / "missing.toml")

@@ -147,17 +147,21 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict[
 def find_reference(ev: dict[str, Any], recipe_path: str | os.PathLike | None = None) -> dict[str, Any] | None:
     """The published numbers to compare with: the recipe's optional ``[reference]`` table.
 
-    Looked up in eval.json's recipe, else in the recipe file (``recipe_path`` or the bundled
-    ``zoo/recipes/<recipe name>.toml``). Fields: ``valid``, ``test`` (numbers), ``metric``
-    (``perplexity`` or ``bits_per_char``), ``source`` (who published them, where).
+    Looked up in the recipe file first (``recipe_path``, else the bundled ``zoo/recipes/<recipe name>.toml``),
+    then in the copy of the recipe that eval.json recorded. The file wins because a reference is metadata
+    about a paper, not part of the training: a corrected source or number must reach the card and the tier
+    report without retraining, while a run whose recipe is not bundled still has its own copy. Fields:
+    ``valid``, ``test`` (numbers), ``metric`` (``perplexity`` or ``bits_per_char``), ``source`` (who
+    published them, where).
     """
-    ref = ev["recipe"].get("reference")
+    ref = None
+    path = Path(recipe_path) if recipe_path else PACKAGE_DIR / "recipes" / f"{ev['recipe'].get('name')}.toml"
+    if recipe_path and not path.is_file():
+        raise BundleError(f"{path}: no such recipe file")
+    if path.is_file():
+        ref = tomllib.loads(path.read_text(encoding="utf-8")).get("reference")
     if ref is None:
-        path = Path(recipe_path) if recipe_path else PACKAGE_DIR / "recipes" / f"{ev['recipe'].get('name')}.toml"
-        if recipe_path and not path.is_file():
-            raise BundleError(f"{path}: no such recipe file")
-        if path.is_file():
-            ref = tomllib.loads(path.read_text(encoding="utf-8")).get("reference")
+        ref = ev["recipe"].get("reference")
     if ref is None:
         return None
     if not isinstance(ref, dict) or not isinstance(ref.get("source"), str) or not any(
