@@ -273,3 +273,17 @@ def test_reference_comes_from_the_recipe_file_before_the_runs_copy(tmp_path):
     assert find_reference(ev) == old
     with pytest.raises(BundleError, match="no such recipe file"):
         find_reference(ev, tmp_path / "missing.toml")
+
+
+def test_card_shows_the_corrected_reference_in_its_recipe_block_too(tiny_run_dir, tmp_path):
+    """The card's recorded-recipe block carries the [reference] the card compares with, so the two never
+    disagree; every hyper-parameter stays as the run recorded it."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[reference]\nvalid = 67.5\ntest = 64.5\nmetric = "perplexity"\nsource = "corrected"\n')
+    bundle(tiny_run_dir, "tiny-ref", catalog_file=tmp_path / "pkg" / "catalog.json",
+           pretrained_dir=tmp_path / "pkg" / "pretrained", cards_dir=tmp_path / "pkg" / "cards", recipe_path=recipe)
+    card = (tmp_path / "pkg" / "pretrained" / "tiny-ref" / "README.md").read_text()
+    block = card.split("```toml\n", 1)[1].split("```", 1)[0]
+    assert 'source = "corrected"' in block and "test fixture reference" not in card
+    recorded = json.loads((tiny_run_dir / "eval.json").read_text())["recipe"]
+    assert tomllib.loads(block)["train"] == {k: v for k, v in recorded["train"].items() if v is not None}

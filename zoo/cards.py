@@ -308,7 +308,10 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     where = (f"`zoo train {rname}` (the recipe file `zoo/recipes/{rname}.toml`)" if (RECIPES_DIR / f"{rname}.toml")
              .is_file() else "`zoo train recipe.toml` with this recipe saved as `recipe.toml`")
     add(f"The exact recipe, every hyper-parameter as recorded by the training run (reproduce with {where}):\n")
-    add("```toml\n" + to_toml(recipe) + "\n```\n")
+    # the [reference] shown is the one the card compares with (see bundle.find_reference): publication
+    # metadata that may have been corrected since the run recorded its copy, and is not a hyper-parameter
+    shown = {k: v for k, v in recipe.items() if k != "reference"} | ({"reference": reference} if reference else {})
+    add("```toml\n" + to_toml(shown) + "\n```\n")
     for fig in figures:
         add(f"![Training curve of {name}]({fig})\n")
     if epochs:
