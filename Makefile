@@ -55,6 +55,8 @@ lint: venv
 
 bench: venv
 	$(PY) benchmarks/cells.py
+	$(PY) benchmarks/precision.py --layout --inference
+	$(PY) benchmarks/precision_quality.py
 	$(PY) benchmarks/backends.py
 	$(PY) benchmarks/quantization.py
 	$(PY) benchmarks/serving.py

@@ -55,6 +55,16 @@ def tiny_checkpoint(tmp_path) -> Path:
     return save_checkpoint(tmp_path / "tiny-alstm", lm, tiny_tokenizer(), {"name": "tiny-alstm", "dataset": "ptb"})
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: intra-op threads only add synchronisation (and on a busy 2-core box, waiting). A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _threads():
     torch.set_flush_denormal(True)

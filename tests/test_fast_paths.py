@@ -46,13 +46,7 @@ VARIANTS.update({
 })
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: intra-op threads only add synchronisation (and on a busy 2-core box, waiting)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def forward_path(out: torch.Tensor) -> str:

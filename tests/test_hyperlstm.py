@@ -11,14 +11,7 @@ from torch.func import functional_call
 
 from zoo.models.hyperlstm import GATES, SCALE_BLOCKS, HyperLSTMStack
 
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny tensors: intra-op threads only add overhead (and stall badly on a shared CPU)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(dtype: torch.dtype = torch.float32, **kw) -> HyperLSTMStack:

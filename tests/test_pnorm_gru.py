@@ -9,14 +9,7 @@ from torch.func import functional_call
 
 from zoo.models.pnorm_gru import PNormGRUStack, pnorm_gates
 
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny tensors: intra-op threads only add overhead (and stall badly on a shared CPU)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(p: float, dtype: torch.dtype = torch.float32, **kw) -> PNormGRUStack:

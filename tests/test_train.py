@@ -98,13 +98,13 @@ def test_training_run_end_to_end_on_cuda(tmp_path, tiny_data, arch):
     assert abs(result["release"]["test_ppl_change"]) < 0.01
 
 
-def test_kill_and_resume_matches_uninterrupted(tmp_path, tiny_data):
-    recipe = write_recipe(tmp_path / "r.toml", epochs=2)
-    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu"]
+def kill_resume_and_compare(tmp_path: Path, base: list[str], every: int = 3, after: int = 8) -> dict:
+    """Train ``base`` uninterrupted into ``a``; into ``b`` with a checkpoint every ``every`` steps, SIGKILL after
+    ``after`` steps, then ``--resume``: the final weights must be identical. Returns ``b``'s checkpoint tensors."""
     ok = zoo(*base, "--run-dir", str(tmp_path / "a"))
     assert ok.returncode == 0, ok.stderr[-2000:]
-    # a mid-epoch checkpoint every 3 steps, then SIGKILL after 8 steps (in epoch 1), then resume
-    crashed = zoo(*base, "--run-dir", str(tmp_path / "b"), "--checkpoint-every-steps", "3", "--crash-after-steps", "8")
+    crashed = zoo(*base, "--run-dir", str(tmp_path / "b"), "--checkpoint-every-steps", str(every),
+                  "--crash-after-steps", str(after))
     assert crashed.returncode == -9
     assert (tmp_path / "b" / "checkpoint" / "meta.json").is_file()
     resumed = zoo(*base, "--run-dir", str(tmp_path / "b"), "--resume")
@@ -114,10 +114,45 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, tiny_data):
     for k in wa:
         if k.startswith("model."):
             torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
+    return wb
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_kill_and_resume_matches_uninterrupted(tmp_path, tiny_data, precision):
+    recipe = write_recipe(tmp_path / "r.toml", epochs=2)
+    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu", "--precision", precision]
+    kill_resume_and_compare(tmp_path, base)
     la = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines() if '"valid_ppl"' in x]
     lb = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines() if '"valid_ppl"' in x]
     assert [r["epoch"] for r in lb] == [1, 2]
     assert [r["valid_ppl"] for r in la] == [r["valid_ppl"] for r in lb]
+    for run in ("a", "b"):
+        ev = json.loads((tmp_path / run / "eval.json").read_text())
+        assert ev["recipe"]["train"]["precision"] == precision
+
+
+def test_bf16_training_step_is_mixed_precision(tmp_path, tiny_data):
+    """A bf16 step: float32 weights, gradients and optimiser state, a loss close to (not equal to) fp32's."""
+    losses, weights = {}, {}
+    for precision in ("fp32", "bf16"):
+        recipe = Recipe.load(write_recipe(tmp_path / f"{precision}.toml", extra_train=f'precision = "{precision}"'))
+        t = Trainer(recipe, tmp_path / precision, data_dir=str(tiny_data), progress=False)
+        x, y = t.train_data[:12].t(), t.train_data[1:13].t()
+        losses[precision] = [t.train_step(x, y, 12) for _ in range(3)]
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in t.model.parameters())
+        assert all(v.dtype == torch.float32 for st in t.optimizer.state.values() for v in st.values()
+                   if torch.is_tensor(v) and v.numel() > 1)
+        weights[precision] = torch.cat([p.detach().flatten() for p in t.model.parameters()])
+    assert losses["fp32"] != losses["bf16"]
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.01)
+    assert not torch.equal(weights["fp32"], weights["bf16"])
+
+
+def test_unknown_precision_is_a_clear_error(tmp_path, tiny_data):
+    with pytest.raises(ValueError, match="unknown precision 'fp16'.*fp32, bf16"):
+        Recipe.load(write_recipe(tmp_path / "r.toml", extra_train='precision = "fp16"'))
+    bad = zoo("train", str(write_recipe(tmp_path / "ok.toml")), "--precision", "fp16")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
 def test_torchrun_two_processes_match_one_process(tmp_path, tiny_data):

@@ -238,4 +238,5 @@ def attach_backend(model: Any, backend: str, directory: str | os.PathLike | None
     """Switch a :class:`~zoo.pretrained.ZooModel` to ``backend`` in place (and return it)."""
     model.runner = make_runner(model, backend, directory)
     model.backend = backend
+    model.precision = "fp32"   # exports run as exported (see ZooModel.set_precision)
     return model

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from zoo.precision import PRECISIONS
+
 EXIT_USAGE = 2
 
 
@@ -29,7 +31,11 @@ def _load(args: argparse.Namespace):
     kwargs = {}
     if getattr(args, "revision", None):
         kwargs["revision"] = args.revision
-    return zoo.load(args.model, backend=getattr(args, "backend", "eager") or "eager", **kwargs)
+    backend = getattr(args, "backend", "eager") or "eager"
+    precision = getattr(args, "precision", None) or "fp32"
+    if precision != "fp32" and backend != "eager":
+        raise UsageError(f"--precision {precision} applies to the eager backend only, not --backend {backend}")
+    return zoo.load(args.model, backend=backend, precision=precision, **kwargs)
 
 
 # -- commands ------------------------------------------------------------------------------------------------
@@ -156,10 +162,13 @@ def _train_parallel(args: argparse.Namespace) -> int:
     running: list[tuple[subprocess.Popen, str]] = []
     failed = []
     passthrough = [f for flag, val in (("--data-dir", args.data_dir), ("--device", args.device),
-                                       ("--epochs", args.epochs), ("--max-minutes", args.max_minutes))
+                                       ("--epochs", args.epochs), ("--max-minutes", args.max_minutes),
+                                       ("--precision", args.precision))
                    if val is not None for f in (flag, str(val))] + (["--resume"] if args.resume else [])
     # Why: each child would otherwise start one intra-op thread per core, and N jobs on the same cores
-    # then fight over them; split the cores between the jobs unless the caller chose a thread count.
+    # then fight over them; split the cores between the jobs unless the caller chose a thread count. Two one-thread
+    # runs side by side beat one two-thread run at a time in total tokens/s for the tier recipes (the recurrent
+    # GEMMs are too small to use two threads well; benchmarks/precision.py --layout measures it).
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     while pending or running:
@@ -195,6 +204,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         recipe.train.epochs = args.epochs
     if args.max_minutes is not None:
         recipe.train.max_minutes = args.max_minutes
+    if args.precision is not None:
+        recipe.train.precision = args.precision
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / recipe.name
     trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
                       crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps)
@@ -217,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--backend", default="eager", choices=["eager", "torchscript", "onnx", "onnx-int8"],
                         help="inference backend (default: eager PyTorch)")
         sp.add_argument("--revision", help="Hub revision (tag, branch or commit) to load")
+        sp.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
+                        help="eager compute precision (default fp32: exact numbers; bf16: bfloat16 GEMMs, "
+                             "slightly different numbers, faster only where the CPU runs bf16 faster)")
         return sp
 
     sp = sub.add_parser("list", help="list pretrained models")
@@ -266,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     sp.add_argument("--epochs", type=int, help="override the recipe's epoch count")
     sp.add_argument("--max-minutes", type=float, help="stop cleanly at the first epoch end past this budget")
+    sp.add_argument("--precision", choices=list(PRECISIONS),
+                    help="compute precision of training (default: the recipe's, else fp32); bf16 is mixed "
+                         "precision with float32 weights and checkpoints (see zoo/precision.py)")
     sp.add_argument("--checkpoint-every-steps", type=int, default=0, help=argparse.SUPPRESS)
     sp.add_argument("--crash-after-steps", type=int, default=0, help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_train)

@@ -117,3 +117,53 @@ def get_batch(source: Tensor, i: int, seq_len: int) -> tuple[Tensor, Tensor]:
     x = source[i:i + seq_len].t()
     y = source[i + 1:i + 1 + seq_len].t()
     return x, y
+
+
+# -- sentence-level data (independent sequences, as the p-norm paper's character-level experiment) -----------
+def sentences(stream: Tensor, eos_id: int, max_len: int, limit: int = 0, seed: int = 0) -> list[Tensor]:
+    """Each line of a token stream as its own sequence ``[<eos>, t_1 .. t_n, <eos>]``.
+
+    A line's tokens are truncated to ``max_len`` (a truncated line then has no closing ``<eos>``: it did not end
+    there), so a sequence predicts at most ``max_len + 1`` symbols; its first token is conditioned on ``<eos>``,
+    as in stream scoring. Empty lines (nothing but ``<eos>``) are left out. ``limit > 0`` keeps a fixed random
+    sample of that many lines (``numpy.random.default_rng(seed)``, in corpus order), the same for every run.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len must be at least 1, got {max_len}")
+    ends = (stream == eos_id).nonzero().flatten().tolist()
+    out: list[Tensor] = []
+    start = 0
+    eos = stream.new_tensor([eos_id])
+    for end in ends:
+        line = stream[start:end]
+        start = end + 1
+        if line.numel() == 0:
+            continue
+        body = line[:max_len]
+        out.append(torch.cat([eos, body, eos]) if line.numel() <= max_len else torch.cat([eos, body]))
+    if limit and limit < len(out):
+        import numpy as np
+
+        keep = np.sort(np.random.default_rng(seed).choice(len(out), size=limit, replace=False))
+        out = [out[i] for i in keep]
+    return out
+
+
+#: The target id of padding in :func:`pad_batch` (``cross_entropy``'s default ``ignore_index``).
+PAD_TARGET = -100
+
+
+def pad_batch(seqs: list[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Inputs and targets ``[B, T]`` of a batch of sequences (each ``[<eos>, ...]``), right-padded.
+
+    Padded inputs hold ``pad_id`` (an RNN is causal: what follows a sequence's end never changes its scores);
+    padded targets hold :data:`PAD_TARGET`, which the loss ignores, so padding never contributes to it.
+    """
+    longest = max(s.numel() for s in seqs) - 1
+    x = torch.full((len(seqs), longest), pad_id, dtype=torch.long)
+    y = torch.full((len(seqs), longest), PAD_TARGET, dtype=torch.long)
+    for b, s in enumerate(seqs):
+        n = s.numel() - 1
+        x[b, :n] = s[:-1]
+        y[b, :n] = s[1:]
+    return x, y

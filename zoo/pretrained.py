@@ -22,6 +22,8 @@ from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import load_corpus
 from zoo.generation import SamplingParams, sample_ids, stream_text
 from zoo.lm import LanguageModel
+from zoo.precision import AutocastRunner
+from zoo.precision import check as check_precision
 from zoo.scoring import ScoreReport, evaluate_stream, score_texts
 from zoo.tokenizer import Tokenizer
 
@@ -102,6 +104,18 @@ class ZooModel:
         self.name = name or config.get("name", "model")
         self.runner = runner if runner is not None else self.lm
         self.backend = backend
+        self.precision = "fp32"
+
+    def set_precision(self, precision: str) -> ZooModel:
+        """Compute precision of eager scoring and generation: ``"fp32"`` (default: exact numbers) or ``"bf16"``
+        (bfloat16 GEMMs, see :mod:`zoo.precision`; the perplexity changes slightly, and whether it is faster
+        depends on the CPU). Exports (TorchScript / ONNX) run as exported: only the eager backend takes this."""
+        check_precision(precision)
+        if precision != "fp32" and self.backend != "eager":
+            raise ValueError(f"precision {precision!r} applies to the eager backend only, not {self.backend!r}")
+        self.runner = self.lm if precision == "fp32" else AutocastRunner(self.lm, precision)
+        self.precision = precision
+        return self
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, source: str = "local path",
@@ -164,18 +178,23 @@ class ZooModel:
                 f"params={self.num_parameters:,}, source={self.source!r}, backend={self.backend!r})")
 
 
-def load(name_or_path: str | os.PathLike, backend: str = "eager", **kwargs: Any) -> ZooModel:
+def load(name_or_path: str | os.PathLike, backend: str = "eager", precision: str = "fp32", **kwargs: Any) -> ZooModel:
     """Load a pretrained model by catalogue name (``zoo list``) or from a checkpoint directory.
 
-    Keywords go to :func:`zoo.hub.resolve` (``revision``, ``source="auto"|"hub"|"bundled"``, ``token``,
-    ``cache_dir``, ``endpoint``); ``model.source`` says where the weights came from.
+    ``precision``: ``"fp32"`` (default) or ``"bf16"`` for eager scoring and generation (see
+    :meth:`ZooModel.set_precision`). Other keywords go to :func:`zoo.hub.resolve` (``revision``,
+    ``source="auto"|"hub"|"bundled"``, ``token``, ``cache_dir``, ``endpoint``); ``model.source`` says where the
+    weights came from.
     """
     from zoo.hub import resolve
 
+    check_precision(precision)
+    if precision != "fp32" and backend != "eager":
+        raise ValueError(f"precision {precision!r} applies to the eager backend only, not {backend!r}")
     directory, source = resolve(name_or_path, **kwargs)
     name = None if source == "local path" else canonical_name(str(name_or_path))
     model = ZooModel.from_pretrained(directory, source=source, name=name)
     if backend != "eager":
         from zoo.backends import attach_backend
         attach_backend(model, backend)
-    return model
+    return model.set_precision(precision)

@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path("benchmarks") / "results"
 BENCHMARKS = [
     ("cells.md", "Cell speed (training and scoring tokens/s relative to the fused `nn.LSTM`)"),
+    ("precision.md", "Training precision: fp32 vs bf16, the two-core layout, bf16 inference"),
+    ("precision_quality.md", "Training precision: equal quality of bf16 (2 epochs, same seed)"),
     ("backends.md", "Inference backends (eager vs TorchScript vs ONNX Runtime)"),
     ("quantization.md", "int8 ONNX quantisation"),
     ("serving.md", "TorchServe under load"),

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from zoo.data import batchify
+from zoo.data import PAD_TARGET, batchify, pad_batch
 from zoo.tokenizer import Tokenizer
 
 LN2 = math.log(2.0)
@@ -149,4 +149,29 @@ def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: 
     res = summarize(nll, count, 0)
     res.pop("bits_per_char")
     res.update(batch_size=batch_size, bptt=bptt)
+    return res
+
+
+@torch.no_grad()
+def evaluate_sentences(runner: Runner, seqs: list[Tensor], batch_size: int = 32, pad_id: int = 0,
+                       progress: bool = True, desc: str = "eval") -> dict[str, Any]:
+    """Sentence-level perplexity / bits per symbol: every sequence scored from a zero state on its own.
+
+    Counted: exactly the predicted symbols of every sequence (its tokens after the leading ``<eos>``, and its
+    closing ``<eos>`` when the line was not truncated; see :func:`zoo.data.sentences`); padding never counts.
+    Sequences are batched in length order (batched scores equal one-at-a-time scores: the model is causal).
+    """
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].numel())
+    nll, count = 0.0, 0
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for idx in tqdm(batches, desc=desc, unit="batch", disable=not progress, leave=False):
+        x, y = pad_batch([seqs[i] for i in idx], pad_id)
+        logits, _ = runner.forward(x, runner.init_state(len(idx)))
+        y = y.to(logits.device)
+        nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
+                                                       ignore_index=PAD_TARGET, reduction="sum"))
+        count += int((y != PAD_TARGET).sum())
+    res = summarize(nll, count, 0)
+    res.pop("bits_per_char")
+    res.update(batch_size=batch_size, mode="sentences", num_sequences=len(seqs))
     return res

@@ -37,9 +37,11 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from zoo.checkpoint import load_checkpoint, save_checkpoint
-from zoo.data import Corpus, batchify, load_corpus
+from zoo.data import PAD_TARGET, Corpus, batchify, load_corpus, pad_batch, sentences
 from zoo.lm import LanguageModel
-from zoo.scoring import evaluate_stream
+from zoo.precision import autocast
+from zoo.precision import check as check_precision
+from zoo.scoring import evaluate_sentences, evaluate_stream
 from zoo.tokenizer import Tokenizer
 
 NORMALIZATION = {"ptb": "ptb", "wikitext-2": "wikitext", "ptb-char": "ptb-char"}
@@ -75,6 +77,15 @@ class TrainConfig:
     checkpoint_minutes: float = 10.0
     max_minutes: float = 0.0  # wall-clock budget; 0 = none (stop cleanly at an epoch end)
     save_dtype: str = "float32"
+    # compute precision of the training forward/backward: "fp32" or "bf16" (mixed precision, see zoo.precision);
+    # weights, optimiser state and checkpoints are float32 either way, and validation/test run in float32
+    precision: str = "fp32"
+    # "stream": the corpus as one stream, state carried across BPTT segments (the LM benchmarks' protocol);
+    # "sentences": every line an independent sequence from a zero state (truncated to max_len tokens, padded and
+    # masked, shuffled each epoch), trained and evaluated that way (the p-norm paper's character-level setting)
+    mode: str = "stream"
+    max_len: int = 100            # sentences: tokens kept per line
+    train_sentences: int = 0      # sentences: a fixed random sample of this many training lines (0: all)
 
 
 @dataclass
@@ -96,6 +107,9 @@ class Recipe:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
         try:
             train = TrainConfig(**raw.get("train", {}))
+            check_precision(train.precision)
+            if train.mode not in ("stream", "sentences"):
+                raise ValueError(f"unknown mode {train.mode!r} (stream, sentences)")
             return cls(name=raw["name"], dataset=raw["dataset"], seed=int(raw.get("seed", 1)),
                        model=dict(raw["model"]), train=train, description=raw.get("description", ""),
                        source=str(path), reference=raw.get("reference"))
@@ -189,9 +203,20 @@ class Trainer:
         if self.world > 1:
             self.train_module = torch.nn.parallel.DistributedDataParallel(self.train_module)
         self.optimizer = self._make_optimizer(self.cfg.optimizer)
-        global_train = batchify(self.corpus.train, self.cfg.batch_size)
-        per = self.cfg.batch_size // self.world
-        self.train_data = global_train[:, self.rank * per:(self.rank + 1) * per].contiguous().to(self.device)
+        self.sentence_mode = self.cfg.mode == "sentences"
+        if self.sentence_mode:
+            if self.world > 1:
+                raise ValueError("mode = 'sentences' trains in one process (no torchrun)")
+            eos = self.tokenizer.eos_id
+            self.sentences = {
+                "train": sentences(self.corpus.train, eos, self.cfg.max_len, self.cfg.train_sentences),
+                "valid": sentences(self.corpus.valid, eos, self.cfg.max_len),
+                "test": sentences(self.corpus.test, eos, self.cfg.max_len)}
+            self.train_data = self.corpus.train[:0]
+        else:
+            global_train = batchify(self.corpus.train, self.cfg.batch_size)
+            per = self.cfg.batch_size // self.world
+            self.train_data = global_train[:, self.rank * per:(self.rank + 1) * per].contiguous().to(self.device)
         # everything below is what a checkpoint restores
         self.epoch, self.pos, self.step, self.lr = 1, 0, 0, self.cfg.lr
         self.best_val, self.history, self.elapsed = math.inf, [], 0.0
@@ -303,11 +328,25 @@ class Trainer:
 
     def evaluate(self, split: str, batch_size: int) -> dict[str, Any]:
         self.model.eval()
-        res = evaluate_stream(_DeviceRunner(self.model, self.device), self.corpus.split(split),
-                              batch_size=batch_size, bptt=self.cfg.eval_bptt, progress=self.progress,
-                              desc=split)
+        res = self._evaluate_with(self.model, split, batch_size, split)
         self.model.train()
         return res
+
+    def _evaluate_with(self, model: LanguageModel, split: str, batch_size: int, desc: str) -> dict[str, Any]:
+        """A split's metrics in the run's mode: one carried stream, or every line on its own."""
+        runner = _DeviceRunner(model, self.device)
+        if self.sentence_mode:
+            return evaluate_sentences(runner, self.sentences[split], batch_size=batch_size,
+                                      pad_id=self.tokenizer.eos_id, progress=self.progress, desc=desc)
+        return evaluate_stream(runner, self.corpus.split(split), batch_size=batch_size, bptt=self.cfg.eval_bptt,
+                               progress=self.progress, desc=desc)
+
+    def _sentence_batches(self) -> list[list[int]]:
+        """This epoch's batches of training-sentence indices: a permutation drawn from (seed, epoch), so a resumed
+        run sees the same order without storing it."""
+        n, bsz = len(self.sentences["train"]), self.cfg.batch_size
+        perm = np.random.default_rng([self.recipe.seed, self.epoch]).permutation(n).tolist()
+        return [perm[i:i + bsz] for i in range(0, n, bsz)]
 
     # -- training ------------------------------------------------------------------------------------------
     def _seq_len(self) -> int:
@@ -317,6 +356,25 @@ class Trainer:
         base = bptt if self.bptt_rng.random() < 0.95 else bptt / 2
         return max(5, int(self.bptt_rng.normal(base, 5)))
 
+    def _next_batch(self, order: list[list[int]] | None) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+        """The epoch's next training batch from ``self.pos``: ``(x, y, seq_len, next pos)``, or ``None`` at its end.
+
+        Stream mode: ``pos`` is a row of the batchified stream and ``seq_len`` the (variable) BPTT length drawn here.
+        Sentence mode: ``pos`` indexes this epoch's batches (``order``); ``seq_len`` is ``bptt`` (no lr scaling).
+        """
+        if order is not None:
+            if self.pos >= len(order):
+                return None
+            x, y = pad_batch([self.sentences["train"][i] for i in order[self.pos]], self.tokenizer.eos_id)
+            return x.to(self.device), y.to(self.device), self.cfg.bptt, self.pos + 1
+        n_rows = self.train_data.shape[0]
+        if self.pos >= n_rows - 1:
+            return None
+        seq_len = min(self._seq_len(), n_rows - 1 - self.pos)
+        x = self.train_data[self.pos:self.pos + seq_len].t()
+        y = self.train_data[self.pos + 1:self.pos + 1 + seq_len].t()
+        return x, y, seq_len, self.pos + seq_len
+
     def _lr_for_epoch(self) -> None:
         """Apply the per-epoch schedule at the start of ``self.epoch``."""
         if self.cfg.optimizer == "sgd" and self.cfg.lr_decay != 1.0 and self.cfg.lr_decay_start:
@@ -325,17 +383,30 @@ class Trainer:
             self.lr = self.cfg.lr / self.cfg.cut_rate ** sum(1 for e in self.cfg.cut_steps if self.epoch > e)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, seq_len: int) -> float:
+        """One update on ``x -> y`` (``[B, T]``); returns the mean loss over the predicted targets. Targets equal
+        to ``PAD_TARGET`` (sentence mode's padding) are not predicted: they count in neither the loss nor AR/TAR."""
         for g in self.optimizer.param_groups:
             g["lr"] = self.lr * seq_len / self.cfg.bptt
         if self.state is not None:
             self.state = tuple(s.detach() for s in self.state)
-        logits, raw, dropped, self.state = self.train_module(x, self.state)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        with autocast(self.cfg.precision, self.device):
+            logits, raw, dropped, self.state = self.train_module(x, self.state)
+        # the loss and its softmax in float32 (a no-op in fp32; bf16 logits are widened)
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                 ignore_index=PAD_TARGET)
         total = loss * seq_len if self.cfg.time_summed_loss else loss
+        keep = (y != PAD_TARGET).unsqueeze(-1).to(raw.dtype) if self.sentence_mode else None
         if self.cfg.alpha:
-            total = total + self.cfg.alpha * dropped.pow(2).mean()
+            ar = dropped.pow(2)
+            total = total + self.cfg.alpha * (ar.mean() if keep is None else
+                                              (ar * keep).sum() / (keep.sum() * ar.shape[-1]))
         if self.cfg.beta:
-            total = total + self.cfg.beta * (raw[:, 1:] - raw[:, :-1]).pow(2).mean()
+            tar = (raw[:, 1:] - raw[:, :-1]).pow(2)
+            if keep is None:
+                total = total + self.cfg.beta * tar.mean()
+            else:
+                k = keep[:, 1:]
+                total = total + self.cfg.beta * (tar * k).sum() / (k.sum().clamp_min(1) * tar.shape[-1])
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         if self.cfg.clip:
@@ -355,33 +426,37 @@ class Trainer:
         cfg = self.cfg
         start_wall = self._start_wall = time.time() - self.elapsed
         last_ckpt = time.time()
-        n_rows = self.train_data.shape[0]
         steps_since_start = 0
         while self.epoch <= cfg.epochs:
             if self.pos == 0:
                 self._lr_for_epoch()
                 self.state = None
                 self.epoch_loss, self.epoch_tokens, self.epoch_seconds = 0.0, 0, 0.0
-            bar = tqdm(total=n_rows - 1, initial=self.pos, desc=f"epoch {self.epoch}/{cfg.epochs}",
-                       unit="row", disable=not self.progress, leave=False)
+            order = self._sentence_batches() if self.sentence_mode else None
+            total = len(order) if order is not None else self.train_data.shape[0] - 1
+            bar = tqdm(total=total, initial=self.pos, desc=f"epoch {self.epoch}/{cfg.epochs}",
+                       unit="batch" if order is not None else "row", disable=not self.progress, leave=False)
             t0 = time.time()
-            while self.pos < n_rows - 1:
-                seq_len = min(self._seq_len(), n_rows - 1 - self.pos)
-                x = self.train_data[self.pos:self.pos + seq_len].t()
-                y = self.train_data[self.pos + 1:self.pos + 1 + seq_len].t()
+            while (batch := self._next_batch(order)) is not None:
+                x, y, seq_len, new_pos = batch
+                if order is not None:
+                    self.state = None            # sentences: every sequence starts from a zero state
                 loss = self.train_step(x, y, seq_len)
-                self.epoch_loss += loss * y.numel()
-                self.epoch_tokens += y.numel()
-                self.pos += seq_len
+                if order is not None:
+                    self.state = None
+                n = y.numel() if order is None else int((y != PAD_TARGET).sum())
+                self.epoch_loss += loss * n
+                self.epoch_tokens += n
+                bar.update(new_pos - self.pos)
+                self.pos = new_pos
                 self.step += 1
                 steps_since_start += 1
-                bar.update(seq_len)
                 if self.progress and self.step % 20 == 0:
                     bar.set_postfix(loss=f"{self.epoch_loss / self.epoch_tokens:.3f}", lr=f"{self.lr:.3g}")
                 now = time.time()
                 due = (self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0) or \
                     now - last_ckpt > cfg.checkpoint_minutes * 60
-                if due and self.pos < n_rows - 1:
+                if due and self.pos < total:
                     self.epoch_seconds += now - t0
                     t0 = now
                     self.elapsed = now - start_wall
@@ -435,11 +510,8 @@ class Trainer:
             return {}
         best_model, _, _ = load_checkpoint(self.run_dir / "best")
         best_model.to(self.device)
-        runner = _DeviceRunner(best_model, self.device)
-        valid = evaluate_stream(runner, self.corpus.valid, batch_size=self.cfg.eval_batch_size,
-                                bptt=self.cfg.eval_bptt, progress=self.progress, desc="valid(best)")
-        test = evaluate_stream(runner, self.corpus.test, batch_size=self.cfg.test_batch_size,
-                               bptt=self.cfg.eval_bptt, progress=self.progress, desc="test(best)")
+        valid = self._evaluate_with(best_model, "valid", self.cfg.eval_batch_size, "valid(best)")
+        test = self._evaluate_with(best_model, "test", self.cfg.test_batch_size, "test(best)")
         release = self._write_release(valid, test)
         log = [json.loads(line) for line in (self.run_dir / "log.jsonl").read_text().splitlines()]
         epochs = [r for r in log if "epoch" in r and "valid_ppl" in r]
@@ -449,6 +521,7 @@ class Trainer:
             "epochs_trained": len(epochs), "best_epoch": min(epochs, key=lambda r: r["valid_loss"])["epoch"],
             "train_seconds": sum(r["seconds"] for r in epochs), "device": _device_name(self.device),
             "world_size": self.world, "recipe": self.recipe.to_dict(), "release": release,
+            "mode": self.cfg.mode,
         }
         (self.run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
         self._log_line({"event": "finished", "best_valid_ppl": valid["ppl"], "best_test_ppl": test["ppl"]})
@@ -468,11 +541,9 @@ class Trainer:
         if dtype == torch.float32:
             return {"dtype": "float32", "valid": valid, "test": test}
         cast, _, _ = load_checkpoint(release_dir)
-        runner = _DeviceRunner(cast.to(self.device), self.device)
-        rv = evaluate_stream(runner, self.corpus.valid, batch_size=self.cfg.eval_batch_size, bptt=self.cfg.eval_bptt,
-                             progress=self.progress, desc="valid(release)")
-        rt = evaluate_stream(runner, self.corpus.test, batch_size=self.cfg.test_batch_size, bptt=self.cfg.eval_bptt,
-                             progress=self.progress, desc="test(release)")
+        cast.to(self.device)
+        rv = self._evaluate_with(cast, "valid", self.cfg.eval_batch_size, "valid(release)")
+        rt = self._evaluate_with(cast, "test", self.cfg.test_batch_size, "test(release)")
         return {"dtype": self.cfg.save_dtype, "valid": rv, "test": rt,
                 "valid_ppl_change": rv["ppl"] / valid["ppl"] - 1, "test_ppl_change": rt["ppl"] / test["ppl"] - 1}
 

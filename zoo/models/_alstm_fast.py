@@ -23,6 +23,9 @@ Every large ``tanh`` is computed as ``2 sigmoid(2a) - 1`` (:mod:`zoo.models._fus
 is ~7x slower here): for the policy the 2 is the GEMM's ``alpha``, for the adaptation LSTM it is folded
 into its (small) weight rows, exactly in both cases.
 
+Every GEMM goes through :mod:`zoo.models._gemm`: float32 by default, bfloat16 when the call is entered
+under bf16 autocast (``precision = "bf16"``), with everything else kept in float32.
+
 The math is exactly :meth:`ALSTMLayer.forward`; only the order of independent operations differs, so
 results agree with the reference loop to float rounding (checked by ``tests/test_fast_paths.py``).
 
@@ -41,6 +44,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from zoo.models import _compiled
+from zoo.models import _gemm as gemm
 from zoo.models._fused import double_rows, lstm_cell_backward, lstm_cell_forward, lstm_gates_into, needs_autograd, tanh
 from zoo.models.base import State
 
@@ -141,6 +145,7 @@ class _Plan:
                        for l, layer in enumerate(stack.layers)]
         self.per_layer = stack._per_layer
         self.masks = masks if masks is not None else [(None, None)] * self.L
+        self.gemm_dtype: torch.dtype | None = None   # set per call: the GEMMs' precision (zoo.models._gemm)
         self.n_params = [len(lp.params()) for lp in self.layers]
 
     def params(self) -> list[Tensor]:
@@ -176,7 +181,9 @@ def derived_weights(plan: _Plan, params: list[Tensor]) -> list[_Weights]:
     out, off = [], 0
     with torch.no_grad():
         for lp, n in zip(plan.layers, plan.n_params, strict=True):
-            out.append(lp.weights([p.detach() for p in params[off:off + n]]))
+            w = lp.weights([p.detach() for p in params[off:off + n]])
+            w.wv, w.wp, w.w_ih, w.w_hh = (gemm.lowp(t) for t in (w.wv, w.wp, w.w_ih, w.w_hh))
+            out.append(w)
             off += n
     return out
 
@@ -204,9 +211,9 @@ def _forward(plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> t
         lp, w = plan.layers[l], weights[l]
         Vf = bufs.V[l][:T].reshape(T * B, lp.K)
         if lp.k0:
-            bufs.AX[l] = torch.addmm(w.ba, Vf[:, :lp.k0], w.wv[:, :lp.k0].t()).view(T, B, lp.na)
+            bufs.AX[l] = gemm.addmm(w.ba, Vf[:, :lp.k0], w.wv[:, :lp.k0].t()).view(T, B, lp.na)
         if lp.hoist_gi:
-            torch.mm(Vf[:, lp.cols["x"]], w.w_ih.t(), out=bufs.G[l][0].view(T * B, -1))
+            gemm.mm(Vf[:, lp.cols["x"]], w.w_ih.t(), out=bufs.G[l][0].view(T * B, -1))
 
     def step(l: int, t: int) -> None:
         lp, w = plan.layers[l], weights[l]
@@ -216,9 +223,9 @@ def _forward(plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> t
         nz, nh = lp.nz, lp.nh
         # 1. adaptation model -> dropped z
         if lp.k0:
-            a = torch.addmm(bufs.AX[l][t], Vt[:, lp.k0:], w.wv[:, lp.k0:].t())
+            a = gemm.addmm(bufs.AX[l][t], Vt[:, lp.k0:], w.wv[:, lp.k0:].t())
         else:
-            a = torch.addmm(w.ba, Vt, w.wv.t())
+            a = gemm.addmm(w.ba, Vt, w.wv.t())
         zd = bufs.ZD[l][t]
         if lp.recurrent:
             act = lstm_gates_into(a, nz, bufs.A[l][t], doubled=True)
@@ -230,7 +237,7 @@ def _forward(plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> t
             zd.mul_(mask_z)
         # 2. the policy: tanh(W_pi z) = 2 sigmoid(2 W_pi z) - 1
         pi = bufs.PI[l][t]
-        torch.addmm(w.zero, zd, w.wp.t(), beta=0, alpha=2.0, out=pi)
+        gemm.addmm(w.zero, zd, w.wp.t(), beta=0, alpha=2.0, out=pi)
         pi.sigmoid_().mul_(2.0).sub_(1.0)
         # 3. adaptive LSTM cell
         G = bufs.G[l]
@@ -240,8 +247,8 @@ def _forward(plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> t
         else:
             x_in, h_in = Vt[:, lp.cols["x"]], Vt[:, lp.cols["h"]]
         if not lp.hoist_gi:
-            torch.mm(x_in, w.w_ih.t(), out=G[0, t])
-        torch.mm(h_in, w.w_hh.t(), out=G[1, t])
+            gemm.mm(x_in, w.w_ih.t(), out=G[0, t])
+        gemm.mm(h_in, w.w_hh.t(), out=G[1, t])
         gates = G[1, t] * pi[:, lp.pi_hh]
         gates.addcmul_(G[0, t], pi[:, lp.pi_ih])
         if lp.ab:
@@ -348,18 +355,18 @@ def _backward(plan: _Plan, bufs: _Buffers, weights: list[_Weights], x: Tensor, d
             DG[l][2, t].copy_(dG)
         dx_main = None
         if lp.io:
-            du = torch.cat((torch.mm(DG[l][0, t], w.w_ih), torch.mm(DG[l][1, t], w.w_hh)), 1)
+            du = torch.cat((gemm.mm(DG[l][0, t], w.w_ih), gemm.mm(DG[l][1, t], w.w_hh)), 1)
             torch.mul(du, Vt[:, lp.xh], out=dP[:, :lp.nx + nh])
             dxh = du.mul_(pi[:, :lp.nx + nh])
             dx_main, dh_main = dxh[:, :lp.nx], dxh[:, lp.nx:]
             if DXM[l] is not None:
                 DXM[l][t].copy_(dx_main)
         else:
-            dh_main = torch.mm(DG[l][1, t], w.w_hh)
+            dh_main = gemm.mm(DG[l][1, t], w.w_hh)
             if l > 0 and not plan.layer_major:     # interleaved upper layer: the layer below needs it now
-                dx_main = torch.mm(DG[l][0, t], w.w_ih)
+                dx_main = gemm.mm(DG[l][0, t], w.w_ih)
         dP.mul_(1.0 - pi * pi)
-        dz = torch.mm(dP, w.wp)
+        dz = gemm.mm(dP, w.wp)
         if cr["z"] is not None:
             dz += cr["z"]
         if ext_z[l] is not None:
@@ -374,7 +381,7 @@ def _backward(plan: _Plan, bufs: _Buffers, weights: list[_Weights], x: Tensor, d
         else:
             torch.mul(dz, bufs.A[l][t] > 0, out=dA)
         k0 = lp.k0
-        dVr = torch.mm(dA, w.wv[:, k0:])   # [B, K - k0]: d of the V columns from k0 on
+        dVr = gemm.mm(dA, w.wv[:, k0:])   # [B, K - k0]: d of the V columns from k0 on
 
         def col(name: str) -> Tensor:
             s = lp.cols[name]
@@ -398,12 +405,12 @@ def _backward(plan: _Plan, bufs: _Buffers, weights: list[_Weights], x: Tensor, d
         """Batched gradients of the hoisted columns (d x, d zb) of layer ``l`` over all steps."""
         nonlocal d_x
         lp, w = plan.layers[l], weights[l]
-        d_hoisted = torch.mm(DA[l].view(T * B, -1), w.wv[:, :lp.k0]).view(T, B, lp.k0)
+        d_hoisted = gemm.mm(DA[l].view(T * B, -1), w.wv[:, :lp.k0]).view(T, B, lp.k0)
         dx = d_hoisted[:, :, lp.cols["x"]]
         if lp.io:
             dx = dx + DXM[l]
         else:
-            dx = dx + torch.mm(DG[l][0].view(T * B, -1), w.w_ih).view(T, B, lp.nx)
+            dx = dx + gemm.mm(DG[l][0].view(T * B, -1), w.w_ih).view(T, B, lp.nx)
         if l == 0:
             d_x = dx
         else:
@@ -445,8 +452,8 @@ def _backward(plan: _Plan, bufs: _Buffers, weights: list[_Weights], x: Tensor, d
         else:
             x_in, h_in = Vf[:, lp.cols["x"]], Vf[:, lp.cols["h"]]
         dG = DG[l].view(3, T * B, -1)
-        d_params += lp.param_grads(dA.t() @ Vf, dA.sum(0), DP[l].view(T * B, -1).t() @ zd,
-                                   dG[0].t() @ x_in, dG[1].t() @ h_in, dG[2].sum(0))
+        d_params += lp.param_grads(gemm.mm(dA.t(), Vf), dA.sum(0), gemm.mm(DP[l].view(T * B, -1).t(), zd),
+                                   gemm.mm(dG[0].t(), x_in), gemm.mm(dG[1].t(), h_in), dG[2].sum(0))
     return d_x.transpose(0, 1), d_state0, d_params
 
 
@@ -467,7 +474,8 @@ class ALSTMSequence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, d_out: Tensor | None, *d_state: Tensor | None) -> tuple[Tensor | None, ...]:
         x = ctx.saved_tensors[0]   # (the access also checks that no parameter was modified in place)
-        d_x, d_state0, d_params = _backward(ctx.plan, ctx.bufs, ctx.weights, x, d_out, list(d_state))
+        with gemm.compute(ctx.plan.gemm_dtype, x.device.type):
+            d_x, d_state0, d_params = _backward(ctx.plan, ctx.bufs, ctx.weights, x, d_out, list(d_state))
         return (None, None, d_x, *d_state0, *d_params)
 
 
@@ -476,17 +484,19 @@ def alstm_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
     B = x.shape[0]
     masks = stack.draw_masks(B, x.device, x.dtype) if stack.training else None
     plan = _Plan(stack, masks)
+    plan.gemm_dtype = gemm.autocast_dtype(x)   # bfloat16 GEMMs under autocast (see zoo.models._gemm)
     params = plan.params()
-    if needs_autograd(x, state, params):
-        weights = derived_weights(plan, params)
-        res = ALSTMSequence.apply(plan, weights, x, *state, *params)
-        return res[0], tuple(res[1:])
-    with torch.no_grad():
-        if x.device.type == "cpu" and x.dtype == torch.float32:
-            ext = _compiled.get("alstm_infer")
-            if ext is not None:
-                return _infer_compiled(ext, stack, plan, x, state, params)
-        return _infer(plan, x, state, derived_weights(plan, params))
+    with gemm.compute(plan.gemm_dtype, x.device.type):
+        if needs_autograd(x, state, params):
+            weights = derived_weights(plan, params)
+            res = ALSTMSequence.apply(plan, weights, x, *state, *params)
+            return res[0], tuple(res[1:])
+        with torch.no_grad():
+            if x.device.type == "cpu" and x.dtype == torch.float32 and plan.gemm_dtype is None:
+                ext = _compiled.get("alstm_infer")
+                if ext is not None:
+                    return _infer_compiled(ext, stack, plan, x, state, params)
+            return _infer(plan, x, state, derived_weights(plan, params))
 
 
 def _compiled_weights(plan: _Plan, params: list[Tensor]) -> tuple[list[int], list[Tensor]]:
@@ -530,9 +540,9 @@ def _infer(plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> tup
         ax = gi = None
         if lp.k0:
             inp = torch.cat((zseq.reshape(T * B, -1), flat), 1) if (plan.layer_major and lp.nzb) else flat
-            ax = torch.addmm(w.ba, inp, w.wv[:, :lp.k0].t()).view(T, B, lp.na)
+            ax = gemm.addmm(w.ba, inp, w.wv[:, :lp.k0].t()).view(T, B, lp.na)
         if lp.hoist_gi:
-            gi = torch.mm(flat, w.w_ih.t()).view(T, B, -1)
+            gi = gemm.mm(flat, w.w_ih.t()).view(T, B, -1)
         return ax, gi
 
     def step(l: int, t: int, x_t: Tensor, zb_t: Tensor | None, ax: Tensor | None, gi_all: Tensor | None) -> None:
@@ -545,7 +555,7 @@ def _infer(plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> tup
         if lp.recurrent:
             parts.append(zs[l])
         v = torch.cat(parts, 1)
-        a = torch.addmm(ax[t] if ax is not None else w.ba, v, w.wv[:, lp.k0:].t())
+        a = gemm.addmm(ax[t] if ax is not None else w.ba, v, w.wv[:, lp.k0:].t())
         if lp.recurrent:
             i, f, g, o = a.sigmoid_().chunk(4, 1)            # g arrives doubled: tanh(g) = 2 s_g - 1
             zc = f * zcs[l]
@@ -557,15 +567,15 @@ def _infer(plan: _Plan, x: Tensor, state: State, weights: list[_Weights]) -> tup
         if mask_z is not None:
             z = z * mask_z
         zs[l] = z
-        pi = torch.addmm(w.zero, z, w.wp.t(), beta=0, alpha=2.0).sigmoid_().mul_(2.0).sub_(1.0)
+        pi = gemm.addmm(w.zero, z, w.wp.t(), beta=0, alpha=2.0).sigmoid_().mul_(2.0).sub_(1.0)
         pis = pi.split(lp.pi_sizes, 1)
         if lp.io:
-            gi = torch.mm(x_t * pis[0], w.w_ih.t())
-            gates = torch.mm(h * pis[1], w.w_hh.t())
+            gi = gemm.mm(x_t * pis[0], w.w_ih.t())
+            gates = gemm.mm(h * pis[1], w.w_hh.t())
             pis = pis[2:]
         else:
-            gi = gi_all[t] if gi_all is not None else torch.mm(x_t, w.w_ih.t())
-            gates = torch.mm(h, w.w_hh.t())
+            gi = gi_all[t] if gi_all is not None else gemm.mm(x_t, w.w_ih.t())
+            gates = gemm.mm(h, w.w_hh.t())
         gates.mul_(pis[1]).addcmul_(gi, pis[0])
         if lp.ab:
             gates.addcmul_(w.bias, pis[2])

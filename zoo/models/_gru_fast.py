@@ -6,6 +6,9 @@ the two recurrent GEMMs of the cell (``U_{z,r} h`` and ``U_h (r * h)``, which ca
 the second needs ``r``). The hand-written backward does the two transposed GEMMs per step and batches
 every weight gradient and the input gradient into one GEMM over ``T * B`` rows.
 
+Every GEMM goes through :mod:`zoo.models._gemm`: float32 by default, bfloat16 when the call is entered
+under bf16 autocast (``precision = "bf16"``), with everything else kept in float32.
+
 The candidate ``tanh`` is ``2 sigmoid(2a) - 1`` with the factor 2 folded into the candidate rows of the
 weights (exact; see :mod:`zoo.models._fused`). The p-norm gates reuse
 :func:`zoo.models.pnorm_gru.pnorm_gates` for the forward; their derivative is written out below.
@@ -20,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from zoo.models import _gemm as gemm
 from zoo.models._fused import needs_autograd, tanh_into
 from zoo.models.base import State
 
@@ -53,6 +57,7 @@ class _Plan:
         self.rec = list(masks.recurrent) if masks is not None else [None] * self.L
         self.between = list(masks.between) + [None] if masks is not None else [None] * self.L
         self.cells = list(stack.layers)
+        self.gemm_dtype: torch.dtype | None = None   # set per call: the GEMMs' precision (zoo.models._gemm)
 
     def params(self) -> list[Tensor]:
         return [t for c in self.cells for t in (c.weight_ih, c.weight_hh, c.bias)]
@@ -60,7 +65,8 @@ class _Plan:
 
 def _weights(plan: _Plan, params: list[Tensor]) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Per layer ``(W_ih, W_hh, b)``, detached (the backward is written by hand)."""
-    return [tuple(t.detach() for t in params[3 * l:3 * l + 3]) for l in range(plan.L)]  # type: ignore[misc]
+    return [(gemm.lowp(params[3 * l].detach()), gemm.lowp(params[3 * l + 1].detach()), params[3 * l + 2].detach())
+            for l in range(plan.L)]
 
 
 def _forward(plan: _Plan, x: Tensor, state: State, weights: list, store: bool) -> tuple[Tensor, State, dict]:
@@ -71,7 +77,7 @@ def _forward(plan: _Plan, x: Tensor, state: State, weights: list, store: bool) -
     for l, n in enumerate(plan.sizes):
         w_ih, w_hh, b = weights[l]
         mask = plan.rec[l]
-        gx = torch.addmm(b, inp.reshape(T * B, -1), w_ih.t()).view(T, B, 3 * n)   # hoisted: W x + b
+        gx = gemm.addmm(b, inp.reshape(T * B, -1), w_ih.t()).view(T, B, 3 * n)   # hoisted: W x + b
         H = x.new_empty(T + 1, B, n)
         H[0] = state[l]
         ring = 1 if not store else T
@@ -84,11 +90,11 @@ def _forward(plan: _Plan, x: Tensor, state: State, weights: list, store: bool) -
             i = t if store else 0
             h = H[t]
             h_in = h if mask is None else torch.mul(h, mask, out=HIN[t] if HIN is not None else None)
-            gh = torch.mm(h_in, w_zr.t())
+            gh = gemm.mm(h_in, w_zr.t())
             gh += gx[t, :, :2 * n]
             r = torch.sigmoid(gh[:, n:], out=R[i])
             rh = torch.mul(r, h_in, out=RH[i])
-            pre = torch.addmm(gx[t, :, 2 * n:], rh, w_h.t())
+            pre = gemm.addmm(gx[t, :, 2 * n:], rh, w_h.t())
             cand = tanh_into(pre, CAND[i])
             a_z = gh[:, :n]
             if AZ is not None:
@@ -138,9 +144,9 @@ def _backward(plan: _Plan, saved: dict, weights: list, d_out: Tensor | None, d_s
             dgx[:, :n] += d_a2
             # candidate: d pre = d cand * (1 - cand^2)
             torch.mul(d_cand, 1.0 - cand * cand, out=dgx[:, 2 * n:])
-            d_rh = torch.mm(dgx[:, 2 * n:], w_h)
+            d_rh = gemm.mm(dgx[:, 2 * n:], w_h)
             torch.mul(d_rh * h_in, r * (1.0 - r), out=dgx[:, n:2 * n])
-            d_hin = torch.mm(dgx[:, :2 * n], w_zr)
+            d_hin = gemm.mm(dgx[:, :2 * n], w_zr)
             d_hin.addcmul_(d_rh, r)
             if mask is not None:
                 d_hin.mul_(mask)
@@ -149,11 +155,11 @@ def _backward(plan: _Plan, saved: dict, weights: list, d_out: Tensor | None, d_s
         dg = DGX.view(T * B, -1)
         X = saved["X"][l].reshape(T * B, -1)
         h_in_all = (HIN if mask is not None else H[:T]).reshape(T * B, n)
-        d_wih = dg.t() @ X
-        d_whh = torch.cat((dg[:, :2 * n].t() @ h_in_all, dg[:, 2 * n:].t() @ RH.view(T * B, n)), 0)
+        d_wih = gemm.mm(dg.t(), X)
+        d_whh = torch.cat((gemm.mm(dg[:, :2 * n].t(), h_in_all), gemm.mm(dg[:, 2 * n:].t(), RH.view(T * B, n))), 0)
         d_b = dg.sum(0)
         d_params[3 * l:3 * l + 3] = [d_wih, d_whh, d_b]
-        d_x = (dg @ w_ih).view(T, B, -1)
+        d_x = gemm.mm(dg, w_ih).view(T, B, -1)
         if l > 0 and plan.between[l - 1] is not None:
             d_x = d_x * plan.between[l - 1]
         d_above = d_x
@@ -175,8 +181,9 @@ class GRUSequence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, d_out: Tensor | None, *d_state: Tensor | None) -> tuple[Tensor | None, ...]:
         x = ctx.saved_tensors[0]
-        d_x, d_state0, d_params = _backward(ctx.plan, ctx.saved, ctx.weights, d_out, list(d_state),
-                                            x.shape[0], x.shape[1])
+        with gemm.compute(ctx.plan.gemm_dtype, x.device.type):
+            d_x, d_state0, d_params = _backward(ctx.plan, ctx.saved, ctx.weights, d_out, list(d_state),
+                                                x.shape[0], x.shape[1])
         return (None, None, d_x, *d_state0, *d_params)
 
 
@@ -184,11 +191,13 @@ def gru_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
     """Fast ``PNormGRUStack.forward`` (same masks, same RNG draws as :meth:`forward_reference`)."""
     masks = stack.draw_masks(x.shape[0], x.device, x.dtype) if stack.training else None
     plan = _Plan(stack, masks)
+    plan.gemm_dtype = gemm.autocast_dtype(x)   # bfloat16 GEMMs under autocast (see zoo.models._gemm)
     params = plan.params()
-    weights = _weights(plan, params)
-    if needs_autograd(x, state, params):
-        res = GRUSequence.apply(plan, weights, x, *state, *params)
-        return res[0], tuple(res[1:])
-    with torch.no_grad():
-        out, new_state, _ = _forward(plan, x, state, weights, store=False)
+    with gemm.compute(plan.gemm_dtype, x.device.type):
+        weights = _weights(plan, params)
+        if needs_autograd(x, state, params):
+            res = GRUSequence.apply(plan, weights, x, *state, *params)
+            return res[0], tuple(res[1:])
+        with torch.no_grad():
+            out, new_state, _ = _forward(plan, x, state, weights, store=False)
     return out, new_state

@@ -13,6 +13,9 @@ step and batches every weight and input gradient over the segment. Gate tensors 
 In eval mode on the CPU (float32) the no-grad forward runs the same loop compiled
 (``csrc/hyper_infer.cpp``, built once by :mod:`zoo.models._compiled`), else :func:`_forward` without storage.
 
+Every GEMM goes through :mod:`zoo.models._gemm`: float32 by default, bfloat16 when the call is entered
+under bf16 autocast (``precision = "bf16"``), with everything else kept in float32.
+
 Layer norm (optional) uses ``native_layer_norm`` and its backward; the per-step candidate dropout uses
 masks drawn up front in the reference's order (step-major, hyper cell before main cell), so the RNG
 stream, and therefore the result, equals :meth:`RecurrentStack.forward_reference`. The run-time forget
@@ -28,6 +31,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from zoo.models import _compiled
+from zoo.models import _gemm as gemm
 from zoo.models._fused import needs_autograd, tanh_into
 from zoo.models.base import State
 
@@ -77,6 +81,9 @@ class _LayerW:
         self.c12 = bias.new_zeros(12, 1, n)                                # the static bias in the beta slots
         self.c12[8:] = bias.view(4, 1, n)
         self.n, self.nh, self.nz, self.nin, self.k = n, nh, nz, nin, k
+        # GEMM-only weights in the call's GEMM dtype (unchanged in float32; see zoo.models._gemm)
+        self.w_xh, self.w_hh, self.whx, self.wh, self.zw, self.ab = (
+            gemm.lowp(t) for t in (self.w_xh, self.w_hh, self.whx, self.wh, self.zw, self.ab))
 
 
 def _supercell_fwd(pre4: Tensor, c_prev: Tensor, spec: _CellSpec, mask: Tensor | None, act: Tensor,
@@ -170,6 +177,7 @@ class _Plan:
         self.rec = list(masks.recurrent) if masks is not None else [None] * self.L
         self.between = list(masks.between) + [None] if masks is not None else [None] * self.L
         self.train_dropout = masks is not None and training
+        self.gemm_dtype: torch.dtype | None = None   # set per call: the GEMMs' precision (zoo.models._gemm)
 
     def layer_params(self, l: int) -> list[Tensor]:
         c = self.cells[l]
@@ -199,8 +207,8 @@ def _forward(plan: _Plan, x: Tensor, state: State, weights: list[_LayerW], store
         n, nh, nz = w.n, w.nh, w.nz
         R = T if store else 1
         Xf = inp.reshape(T * B, -1)
-        WX = torch.mm(Xf, w.w_xh.t()).view(T, B, 4 * n)                 # hoisted main W_x x
-        HX = torch.addmm(w.b_hat, Xf, w.whx.t()).view(T, B, 4 * nh)      # hoisted hyper x-part + bias
+        WX = gemm.mm(Xf, w.w_xh.t()).view(T, B, 4 * n)                 # hoisted main W_x x
+        HX = gemm.addmm(w.b_hat, Xf, w.whx.t()).view(T, B, 4 * nh)      # hoisted hyper x-part + bias
         new = x.new_empty
         H, C, CH = new(T + 1, B, n), new(T + 1, B, n), new(T + 1, B, nh)
         V = new(T + 1, B, n + nh)                                        # [h_m | h^_{t-1}] per step
@@ -220,13 +228,13 @@ def _forward(plan: _Plan, x: Tensor, state: State, weights: list[_LayerW], store
             else:
                 Vt[:, :n].copy_(H[t])
             # hyper cell (Eq. 10)
-            pre_h = torch.addmm(HX[t], Vt, w.wh.t()).view(B, 4, nh).transpose(0, 1)
+            pre_h = gemm.addmm(HX[t], Vt, w.wh.t()).view(B, 4, nh).transpose(0, 1)
             st_h[t] = _supercell_fwd(pre_h, CH[t], w.hyper, m_hyper[l][t], ACTH[i], CH[t + 1], TCH[i],
                                      V[t + 1][:, n:])
             # z, then d and beta (with the static bias) for the 12 blocks (Eqs. 11-12)
-            z = torch.addmm(w.zw_b, V[t + 1][:, n:], w.zw.t(), out=Z[i])
-            s = torch.baddbmm(w.c12, z.view(B, 12, nz).transpose(0, 1), w.ab, out=S[i])
-            wh = torch.mm(Vt[:, :n], w.w_hh.t(), out=WH[i])
+            z = gemm.addmm(w.zw_b, V[t + 1][:, n:], w.zw.t(), out=Z[i])
+            s = gemm.baddbmm(w.c12, z.view(B, 12, nz).transpose(0, 1), w.ab, out=S[i])
+            wh = gemm.mm(Vt[:, :n], w.w_hh.t(), out=WH[i])
             pre = s[:4] * WX[t].view(B, 4, n).transpose(0, 1)
             pre.addcmul_(s[4:8], wh.view(B, 4, n).transpose(0, 1))
             pre += s[8:]
@@ -273,16 +281,16 @@ def _backward(plan: _Plan, saved: list[dict], weights: list[_LayerW], d_out: Ten
             ds[8:].copy_(dpre)
             torch.mul(dpre, s[:4], out=DWX[t].view(B, 4, n).transpose(0, 1))
             torch.mul(dpre, s[4:8], out=DWH[t].view(B, 4, n).transpose(0, 1))
-            d_hm = torch.mm(DWH[t], w.w_hh)
+            d_hm = gemm.mm(DWH[t], w.w_hh)
             dz = DZ[t]
-            dz.view(B, 12, nz).transpose(0, 1).copy_(torch.bmm(ds, w.ab.transpose(1, 2)))
-            d_hhat = torch.mm(dz, w.zw)
+            dz.view(B, 12, nz).transpose(0, 1).copy_(gemm.bmm(ds, w.ab.transpose(1, 2)))
+            d_hhat = gemm.mm(dz, w.zw)
             if dhh is not None:
                 d_hhat += dhh
             dch = _supercell_bwd(sv["ACTH"][t], CH[t], CH[t + 1], sv["TCH"][t], w.hyper, sv["m_hyper"][t],
                                  sv["st_h"][t], d_hhat, dch, d_ln_h, dpre_h)
             DPH[t].view(B, 4, nh).transpose(0, 1).copy_(dpre_h)
-            dv = torch.mm(DPH[t], w.wh)
+            dv = gemm.mm(DPH[t], w.wh)
             d_hm += dv[:, :n]
             dhh = dv[:, n:]
             dh = d_hm.mul_(mask) if mask is not None else d_hm
@@ -291,20 +299,20 @@ def _backward(plan: _Plan, saved: list[dict], weights: list[_LayerW], d_out: Ten
         X = sv["X"].reshape(T * B, -1)
         dph, dwx, dwh = DPH.view(T * B, -1), DWX.view(T * B, -1), DWH.view(T * B, -1)
         Vf = V[:T].reshape(T * B, n + nh)
-        d_wh = dph.t() @ Vf
-        main = [dwx.t() @ X, dwh.t() @ Vf[:, :n], DS[8:].sum((1, 2)).flatten()]
-        hyper = [torch.cat((dph.t() @ X, d_wh[:, :n]), 1), d_wh[:, n:].contiguous(), dph.sum(0)]
+        d_wh = gemm.mm(dph.t(), Vf)
+        main = [gemm.mm(dwx.t(), X), gemm.mm(dwh.t(), Vf[:, :n]), DS[8:].sum((1, 2)).flatten()]
+        hyper = [torch.cat((gemm.mm(dph.t(), X), d_wh[:, :n]), 1), d_wh[:, n:].contiguous(), dph.sum(0)]
         if d_ln_m is not None:
             main += [d_ln_m[0].flatten(), d_ln_m[1].flatten(), d_ln_m[2], d_ln_m[3]]
             hyper += [d_ln_h[0].flatten(), d_ln_h[1].flatten(), d_ln_h[2], d_ln_h[3]]
         dz_all = DZ.view(T * B, 12 * nz)
-        d_zw_all = dz_all.t() @ V[1:].reshape(T * B, n + nh)[:, n:]           # [12 nz, nh]
+        d_zw_all = gemm.mm(dz_all.t(), V[1:].reshape(T * B, n + nh)[:, n:])           # [12 nz, nh]
         z_all = sv["Z"].view(T, B, 12, nz).permute(2, 0, 1, 3).reshape(12, T * B, nz)
-        d_ab = torch.bmm(DS.view(12, T * B, n).transpose(1, 2), z_all)       # [12, n, nz]
+        d_ab = gemm.bmm(DS.view(12, T * B, n).transpose(1, 2), z_all)       # [12, n, nz]
         net = [d_zw_all[:8 * nz].view(8, nz, nh), dz_all[:, :8 * nz].sum(0).view(8, nz), d_ab[:8],
                d_zw_all[8 * nz:].view(4, nz, nh), d_ab[8:]]
         d_params[l] = main + hyper + net
-        d_x = (dwx @ w.w_xh + dph @ w.whx).view(T, B, -1)
+        d_x = gemm.mm(dwx, w.w_xh).add_(gemm.mm(dph, w.whx)).view(T, B, -1)
         if l > 0 and plan.between[l - 1] is not None:
             d_x = d_x * plan.between[l - 1]
         d_above = d_x
@@ -327,8 +335,9 @@ class HyperSequence(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, d_out: Tensor | None, *d_state: Tensor | None) -> tuple[Tensor | None, ...]:
         x = ctx.saved_tensors[0]
-        d_x, d_state0, d_params = _backward(ctx.plan, ctx.saved_bufs, ctx.weights, d_out, list(d_state),
-                                            x.shape[0], x.shape[1])
+        with gemm.compute(ctx.plan.gemm_dtype, x.device.type):
+            d_x, d_state0, d_params = _backward(ctx.plan, ctx.saved_bufs, ctx.weights, d_out, list(d_state),
+                                                x.shape[0], x.shape[1])
         return (None, None, d_x, *d_state0, *d_params)
 
 
@@ -336,19 +345,22 @@ def hyper_forward(stack: Any, x: Tensor, state: State) -> tuple[Tensor, State]:
     """Fast ``HyperLSTMStack.forward`` (same masks, same RNG draws as :meth:`forward_reference`)."""
     masks = stack.draw_masks(x.shape[0], x.device, x.dtype) if stack.training else None
     plan = _Plan(stack, masks, stack.training)
+    plan.gemm_dtype = gemm.autocast_dtype(x)   # bfloat16 GEMMs under autocast (see zoo.models._gemm)
     params = plan.params()
-    if needs_autograd(x, state, params):
-        weights = _derived(plan)
-        res = HyperSequence.apply(plan, weights, x, *state, *params)
-        return res[0], tuple(res[1:])
-    with torch.no_grad():
-        if not stack.training and x.device.type == "cpu" and x.dtype == torch.float32:
-            ext = _compiled.get("hyper_infer")
-            if ext is not None:
-                cfg, flat_w = _compiled.cached_weights(stack, params, lambda: _compiled_weights(plan))
-                res = ext.hyper_infer(x, list(state), flat_w, cfg)
-                return res[0], tuple(res[1:])
-        out, new_state, _ = _forward(plan, x, state, _derived(plan), store=False)
+    with gemm.compute(plan.gemm_dtype, x.device.type):
+        if needs_autograd(x, state, params):
+            weights = _derived(plan)
+            res = HyperSequence.apply(plan, weights, x, *state, *params)
+            return res[0], tuple(res[1:])
+        with torch.no_grad():
+            if (not stack.training and x.device.type == "cpu" and x.dtype == torch.float32
+                    and plan.gemm_dtype is None):
+                ext = _compiled.get("hyper_infer")
+                if ext is not None:
+                    cfg, flat_w = _compiled.cached_weights(stack, params, lambda: _compiled_weights(plan))
+                    res = ext.hyper_infer(x, list(state), flat_w, cfg)
+                    return res[0], tuple(res[1:])
+            out, new_state, _ = _forward(plan, x, state, _derived(plan), store=False)
     return out, new_state
 
 

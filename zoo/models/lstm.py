@@ -73,6 +73,10 @@ class LSTMStack(RecurrentStack):
         return [f"{k}{layer}" for layer in range(self.num_layers) for k in ("h", "c")]
 
     def _run(self, x: Tensor, state: State, train_masks: bool) -> tuple[Tensor, State]:
+        # Under bf16 autocast (precision = "bf16") torch.lstm runs the fused kernel in bfloat16 and returns
+        # bfloat16 outputs and states; the output and the state carried to the next segment are widened back to
+        # the input's dtype here, so everything outside the kernel (dropout, AR/TAR, the carried state) is fp32.
+        dtype = x.dtype
         new_state: list[Tensor] = []
         for layer in range(self.num_layers):
             h, c = state[2 * layer], state[2 * layer + 1]
@@ -83,7 +87,7 @@ class LSTMStack(RecurrentStack):
                 mask = locked_mask(x.shape[0], x.shape[-1], self.dropout_hidden, x.device, x.dtype)
                 if mask is not None:
                     x = x * mask.unsqueeze(1)
-        return x, tuple(new_state)
+        return x.to(dtype), tuple(s.to(dtype) for s in new_state)
 
     def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         if state is None:
