@@ -75,7 +75,7 @@ def test_training_step_masks_padding_and_resets_state(tmp_path, tiny_data):  # n
 def test_sentence_run_end_to_end_and_resume(tmp_path, tiny_data):  # noqa: F811
     recipe = write_recipe(tmp_path / "r.toml", arch="lstm", epochs=2, batch_size=8, extra_train=SENTENCE_MODE)
     base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu"]
-    wb = kill_resume_and_compare(tmp_path, base, every=4, after=9)
+    wb, _ = kill_resume_and_compare(tmp_path, base, every=4, after=9)
     assert not any(k.startswith("carry.") for k in wb), "no state is carried between sentences"
     ev = json.loads((tmp_path / "a" / "eval.json").read_text())
     assert ev["mode"] == "sentences" and ev["valid"]["mode"] == "sentences"

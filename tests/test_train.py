@@ -98,14 +98,17 @@ def test_training_run_end_to_end_on_cuda(tmp_path, tiny_data, arch):
     assert abs(result["release"]["test_ppl_change"]) < 0.01
 
 
-def kill_resume_and_compare(tmp_path: Path, base: list[str], every: int = 3, after: int = 8) -> dict:
-    """Train ``base`` uninterrupted into ``a``; into ``b`` with a checkpoint every ``every`` steps, SIGKILL after
-    ``after`` steps, then ``--resume``: the final weights must be identical. Returns ``b``'s checkpoint tensors."""
+def kill_resume_and_compare(tmp_path: Path, base: list[str], every: int = 3, after: int = 8, signal_name: str = "KILL",
+                            extra: tuple[str, ...] = ()) -> tuple[dict, subprocess.CompletedProcess]:
+    """Train ``base`` uninterrupted into ``a``; into ``b`` with a checkpoint every ``every`` steps (0: none) and the
+    signal ``signal_name`` sent after ``after`` steps, then ``--resume``: the final weights must be identical.
+    Returns ``b``'s checkpoint tensors and the interrupted process."""
     ok = zoo(*base, "--run-dir", str(tmp_path / "a"))
     assert ok.returncode == 0, ok.stderr[-2000:]
     crashed = zoo(*base, "--run-dir", str(tmp_path / "b"), "--checkpoint-every-steps", str(every),
-                  "--crash-after-steps", str(after))
-    assert crashed.returncode == -9
+                  "--crash-after-steps", str(after), "--crash-signal", signal_name, *extra)
+    expected = {"KILL": -9, "TERM": 128 + 15, "INT": 128 + 2}[signal_name]
+    assert crashed.returncode == expected, crashed.stderr[-2000:]
     assert (tmp_path / "b" / "checkpoint" / "meta.json").is_file()
     resumed = zoo(*base, "--run-dir", str(tmp_path / "b"), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -114,7 +117,23 @@ def kill_resume_and_compare(tmp_path: Path, base: list[str], every: int = 3, aft
     for k in wa:
         if k.startswith("model."):
             torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
-    return wb
+    return wb, crashed
+
+
+@pytest.mark.parametrize("signal_name", ["TERM", "INT"])
+def test_sigterm_or_ctrl_c_checkpoints_and_resume_loses_nothing(tmp_path, tiny_data, signal_name):
+    """No periodic checkpoint: the one the signal handler writes mid-epoch is all the resume has. The interrupted
+    run was itself started with --resume and nothing to resume, which it says."""
+    recipe = write_recipe(tmp_path / "r.toml", epochs=2)
+    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu"]
+    _, stopped = kill_resume_and_compare(tmp_path, base, every=0, after=7, signal_name=signal_name,
+                                         extra=("--resume",))
+    assert "nothing to resume" in stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1].startswith(f"zoo train: stopped by SIG{signal_name}")
+    assert "--resume" in stopped.stderr.strip().splitlines()[-1]
+    meta_log = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert {"event": "interrupted", "step": 7}.items() <= next(r for r in meta_log if r.get("event") ==
+                                                              "interrupted").items()
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -219,3 +238,31 @@ def test_several_recipes_train_in_parallel_with_split_threads(tmp_path, tiny_dat
         ev = json.loads((tmp_path / "runs" / name / "eval.json").read_text())
         assert ev["epochs_trained"] == 1
         assert ev["device"].endswith(f"{max(1, (os.cpu_count() or 1) // 2)} threads)")
+
+
+def test_sigterm_to_parallel_training_stops_every_run_with_a_checkpoint(tmp_path, tiny_data):
+    """`zoo train A B --jobs 2` passes SIGTERM on: each child checkpoints and stops; nothing new starts."""
+    import signal
+    import time
+
+    recipes = [str(write_recipe(tmp_path / f"{arch}.toml", arch=arch, epochs=50)) for arch in ("alstm", "lstm")]
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "zoo.cli", "train", *recipes, "--jobs", "2", "--run-dir",
+                             str(runs), "--data-dir", str(tiny_data)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        deadline = time.time() + 300
+        while not all((runs / n / "log.jsonl").is_file() for n in ("tiny-alstm", "tiny-lstm")):
+            assert proc.poll() is None and time.time() < deadline, "the runs did not get going"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "--resume" in out.strip().splitlines()[-1]
+    for name in ("tiny-alstm", "tiny-lstm"):
+        log = [json.loads(x) for x in (runs / name / "log.jsonl").read_text().splitlines()]
+        assert any(r.get("event") == "interrupted" for r in log), name
+        assert (runs / name / "checkpoint" / "meta.json").is_file()

@@ -153,6 +153,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _train_parallel(args: argparse.Namespace) -> int:
     """Run several recipes as separate processes, ``--jobs`` at a time, each logging to its run dir."""
+    import signal
     import subprocess
     import time
 
@@ -171,6 +172,17 @@ def _train_parallel(args: argparse.Namespace) -> int:
     # GEMMs are too small to use two threads well; benchmarks/precision.py --layout measures it).
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+    # SIGTERM / Ctrl-C: pass SIGTERM on to the running children (each checkpoints and stops), start nothing new
+    stop = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.append(signum)
+        pending.clear()
+        for proc, _ in running:
+            proc.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     while pending or running:
         while pending and len(running) < args.jobs:
             path = pending.pop(0)
@@ -188,11 +200,16 @@ def _train_parallel(args: argparse.Namespace) -> int:
                 if proc.returncode:
                     failed.append(name)
         time.sleep(1)
+    if stop:
+        print(f"stopped by {signal.Signals(stop[0]).name}: continue with the same command and --resume", flush=True)
+        return 128 + stop[0]
     return 1 if failed else 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from zoo.train import Recipe, Trainer, recipe_path
+    import signal
+
+    from zoo.train import Interrupted, Recipe, Trainer, recipe_path
 
     if len(args.recipe) > 1:
         return _train_parallel(args)
@@ -208,8 +225,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         recipe.train.precision = args.precision
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / recipe.name
     trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
-                      crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps)
-    result = trainer.run(resume=args.resume)
+                      crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps,
+                      crash_signal=getattr(signal, f"SIG{args.crash_signal}"))
+    try:
+        result = trainer.run(resume=args.resume)
+    except Interrupted as e:
+        print(f"zoo train: {e}", file=sys.stderr)
+        return 128 + e.signum
     if result:
         print(json.dumps({"run_dir": str(run_dir), "valid_ppl": result["valid"]["ppl"],
                           "test_ppl": result["test"]["ppl"], "epochs": result["epochs_trained"]}))
@@ -285,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "precision with float32 weights and checkpoints (see zoo/precision.py)")
     sp.add_argument("--checkpoint-every-steps", type=int, default=0, help=argparse.SUPPRESS)
     sp.add_argument("--crash-after-steps", type=int, default=0, help=argparse.SUPPRESS)
+    sp.add_argument("--crash-signal", default="KILL", choices=["KILL", "TERM", "INT"], help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_train)
 
     for extra in _extra_commands():

@@ -24,6 +24,7 @@ import math
 import os
 import random
 import signal
+import sys
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -179,7 +180,7 @@ class Trainer:
 
     def __init__(self, recipe: Recipe, run_dir: str | os.PathLike, data_dir: str | None = None,
                  device: str | None = None, progress: bool = True, crash_after_steps: int = 0,
-                 checkpoint_every_steps: int = 0):
+                 checkpoint_every_steps: int = 0, crash_signal: int = signal.SIGKILL):
         self.recipe, self.cfg = recipe, recipe.train
         self.run_dir = Path(run_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -191,7 +192,9 @@ class Trainer:
         if self.cfg.batch_size % self.world:
             raise ValueError(f"batch_size {self.cfg.batch_size} is not divisible by {self.world} processes")
         self.progress = progress and self.rank == 0
-        self.crash_after_steps = crash_after_steps  # test hook: SIGKILL ourselves after this many steps
+        self.crash_after_steps = crash_after_steps  # test hook: signal ourselves after this many steps
+        self.crash_signal = crash_signal            # (SIGKILL: a crash; SIGTERM / SIGINT: a polite stop)
+        self._stop_signal = 0                       # set by the SIGTERM / SIGINT handler of run()
         self.checkpoint_every_steps = checkpoint_every_steps
         self.corpus: Corpus = load_corpus(recipe.dataset, data_dir)
         self.tokenizer = Tokenizer(self.corpus.vocab, NORMALIZATION[recipe.dataset])
@@ -417,11 +420,24 @@ class Trainer:
         return float(loss.detach())
 
     def run(self, resume: bool = False) -> dict[str, Any]:
+        """Train to the recipe's end (or its time budget), then :meth:`finish`.
+
+        SIGTERM or SIGINT (Ctrl-C) stops the run after the current step with a checkpoint written, so a stop loses
+        nothing (``--resume`` continues from it); the process then exits with :class:`Interrupted`.
+        """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.load_training_checkpoint():
             self._log_line({"event": "resumed", "epoch": self.epoch, "pos": self.pos, "step": self.step})
-        elif (self.run_dir / "log.jsonl").exists() and self.rank == 0:
-            (self.run_dir / "log.jsonl").unlink()
+        else:
+            if resume and self.rank == 0:
+                print(f"zoo train: nothing to resume in {self.run_dir} (no checkpoint): training from the start",
+                      file=sys.stderr, flush=True)
+            if (self.run_dir / "log.jsonl").exists() and self.rank == 0:
+                (self.run_dir / "log.jsonl").unlink()
+        with _stop_on_signals(self):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         self.model.train()
         cfg = self.cfg
         start_wall = self._start_wall = time.time() - self.elapsed
@@ -462,8 +478,16 @@ class Trainer:
                     self.elapsed = now - start_wall
                     self.save_training_checkpoint()
                     last_ckpt = now
-                if self.crash_after_steps and steps_since_start >= self.crash_after_steps:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.crash_after_steps and steps_since_start == self.crash_after_steps:
+                    os.kill(os.getpid(), self.crash_signal)
+                if self._stop_signal:
+                    self.epoch_seconds += time.time() - t0
+                    self.elapsed = time.time() - start_wall
+                    self.save_training_checkpoint()
+                    self._log_line({"event": "interrupted", "signal": signal.Signals(self._stop_signal).name,
+                                    "epoch": self.epoch, "pos": self.pos, "step": self.step})
+                    bar.close()
+                    raise Interrupted(self._stop_signal, self.ckpt_dir)
             bar.close()
             self.epoch_seconds += time.time() - t0
             self._end_epoch()
@@ -557,6 +581,42 @@ class Trainer:
         if self.progress and "valid_ppl" in rec:
             tqdm.write(f"epoch {rec['epoch']}: train ppl {rec['train_ppl']:.2f}  valid ppl {rec['valid_ppl']:.2f}  "
                        f"lr {rec['lr']:.3g}  {rec['tokens_per_s']:.0f} tok/s")
+
+
+class Interrupted(Exception):
+    """Training stopped by SIGTERM / SIGINT after writing a checkpoint (``zoo train`` exits 128 + the signal)."""
+
+    def __init__(self, signum: int, checkpoint: Path) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name} with a checkpoint in {checkpoint}; continue with "
+                         f"--resume")
+        self.signum = signum
+
+
+class _stop_on_signals:  # noqa: N801  (a context manager, used as one)
+    """While training, SIGTERM and SIGINT ask the trainer to stop after its current step (it then checkpoints);
+    a second signal of either kind kills the process at once. Handlers are restored on exit. Only in the main
+    thread (Python delivers signals there; elsewhere the default handling stays)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer, self.previous = trainer, {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.trainer._stop_signal:   # asked twice: stop now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.trainer._stop_signal = signum
+
+    def __enter__(self) -> _stop_on_signals:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 class _TrainForward(torch.nn.Module):
