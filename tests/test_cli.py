@@ -103,3 +103,19 @@ def test_default_model_scores_offline_from_the_bundled_copy(tmp_path):
     info = json.loads(subprocess.run([*cmd, "info", "default", "--json"], capture_output=True, text=True, env=env,
                                      timeout=120, check=True).stdout)
     assert info["source"].startswith("bundled") and info["num_parameters"] > 1_000_000
+
+
+def test_zoo_eval_defaults_reproduce_the_card(tmp_path):
+    """`zoo eval default` with no protocol flags scores the test split the card's way (one stream, batch 1) and
+    reproduces the catalogue's test number to 0.01% (the README's command; it used to default to batch 10)."""
+    cat = json.loads((REPO / "zoo" / "catalog.json").read_text())
+    expected = cat["models"][cat["default"]]["metrics"]["test"]
+    proc = subprocess.run([sys.executable, "-m", "zoo.cli", "eval", "default", "--json"], capture_output=True,
+                          text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout)
+    assert res["batch_size"] == 1 and res["dataset"] == "ptb" and res["split"] == "test"
+    assert res["ppl"] == pytest.approx(expected, rel=1e-4)
+    bad = subprocess.run([sys.executable, "-m", "zoo.cli", "eval", "default", "--batch-size", "0"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2 and bad.stderr.strip() == "zoo: error: --batch-size must be a positive integer, got 0"

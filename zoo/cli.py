@@ -138,6 +138,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    for flag, value in (("--batch-size", args.batch_size), ("--bptt", args.bptt)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be a positive integer, got {value}")
     model = _load(args)
     res = model.evaluate(args.dataset, args.split, data_dir=args.data_dir, batch_size=args.batch_size,
                          bptt=args.bptt)
@@ -146,7 +149,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(res))
     else:
         extra = f"  bits/char {res['bits_per_char']:.4f}" if "bits_per_char" in res else ""
-        print(f"{model.name} {args.dataset}/{args.split}: ppl {res['ppl']:.3f}  avg nll {res['avg_nll']:.4f}  "
+        print(f"{model.name} {res['dataset']}/{args.split}: ppl {res['ppl']:.3f}  avg nll {res['avg_nll']:.4f}  "
               f"tokens {res['num_tokens']}{extra}")
     return 0
 
@@ -284,12 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_generate)
 
     sp = model_cmd("eval", "standard corpus perplexity of a benchmark split")
-    sp.add_argument("--dataset", required=True, choices=["ptb", "ptb-char", "wikitext-2"])
+    sp.add_argument("--dataset", choices=["ptb", "ptb-char", "wikitext-2"],
+                    help="corpus (default: the one the model was trained on)")
     sp.add_argument("--split", default="test", choices=["train", "valid", "test"])
     sp.add_argument("--data-dir", help="folder holding <dataset>/{train,valid,test}.txt (default: $ZOO_DATA_DIR "
                     "or ../shared/data beside the checkout)")
-    sp.add_argument("--batch-size", type=int, default=10)
-    sp.add_argument("--bptt", type=int, default=70)
+    sp.add_argument("--batch-size", type=int, help="streams scored in parallel (default: the model card's protocol, "
+                    "batch 1 for test: the number on the card)")
+    sp.add_argument("--bptt", type=int, help="chunk length (default: the card's protocol, 70)")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_eval)
 

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 
 from zoo.checkpoint import load_checkpoint, save_checkpoint
-from zoo.data import load_corpus
+from zoo.data import load_corpus, sentences
 from zoo.generation import SamplingParams, sample_ids, stream_text
 from zoo.lm import LanguageModel
 from zoo.precision import AutocastRunner
 from zoo.precision import check as check_precision
-from zoo.scoring import ScoreReport, evaluate_stream, score_texts
+from zoo.scoring import ScoreReport, evaluate_sentences, evaluate_stream, score_texts
 from zoo.tokenizer import Tokenizer
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -160,14 +160,35 @@ class ZooModel:
     def generate_ids(self, prompt: str = "", **sampling: Any) -> list[int]:
         return list(sample_ids(self.runner, self.tokenizer, prompt, SamplingParams(**sampling)))
 
-    def evaluate(self, dataset: str, split: str = "test", data_dir: str | None = None, batch_size: int = 10,
-                 bptt: int = 70, progress: bool = True) -> dict[str, Any]:
-        """Corpus perplexity of a benchmark split with the standard stateful protocol."""
+    def eval_protocol(self, split: str = "test") -> dict[str, Any]:
+        """How this model's card numbers were computed on ``split`` (from the training recipe it carries): the batch
+        size (the test split is one stream at batch 1 for the bundled models), the chunk length and the mode
+        (``stream``, or ``sentences``: every line on its own). Defaults for checkpoints without a recipe."""
+        train = (self.config.get("recipe") or {}).get("train", {})
+        batch = train.get("test_batch_size", 1) if split == "test" else train.get("eval_batch_size", 10)
+        return {"batch_size": int(batch), "bptt": int(train.get("eval_bptt", 70)),
+                "mode": train.get("mode", "stream"), "max_len": int(train.get("max_len", 100))}
+
+    def evaluate(self, dataset: str | None = None, split: str = "test", data_dir: str | None = None,
+                 batch_size: int | None = None, bptt: int | None = None, progress: bool = True) -> dict[str, Any]:
+        """Corpus metrics of a benchmark split, by default with the model's own protocol (:meth:`eval_protocol`), so
+        the number reproduces its card; ``dataset`` defaults to the one it was trained on."""
+        dataset = dataset or self.config.get("dataset")
+        if not dataset:
+            raise ValueError("this checkpoint does not say its dataset: pass one")
         corpus = load_corpus(dataset, data_dir)
         if corpus.vocab != self.tokenizer.vocab:
             raise ValueError(f"model vocabulary does not match the {dataset} vocabulary")
-        res = evaluate_stream(self.runner, corpus.split(split), batch_size=batch_size, bptt=bptt,
-                              progress=progress, desc=f"{dataset}/{split}")
+        proto = self.eval_protocol(split)
+        batch_size = batch_size or proto["batch_size"]
+        bptt = bptt or proto["bptt"]
+        if proto["mode"] == "sentences":
+            seqs = sentences(corpus.split(split), self.tokenizer.eos_id, proto["max_len"])
+            res = evaluate_sentences(self.runner, seqs, batch_size=batch_size, pad_id=self.tokenizer.eos_id,
+                                     progress=progress, desc=f"{dataset}/{split}")
+        else:
+            res = evaluate_stream(self.runner, corpus.split(split), batch_size=batch_size, bptt=bptt,
+                                  progress=progress, desc=f"{dataset}/{split}")
         if self.tokenizer.is_char:
             res["bits_per_char"] = res["bits_per_token"]
         res.update(dataset=dataset, split=split)
