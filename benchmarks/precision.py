@@ -7,7 +7,8 @@ Sections (all measured by this script, in this order, on this machine):
 2. **Training**: every architecture (LSTM, aLSTM, HyperLSTM, p-norm GRU) at hidden 200 and 650 (the
    ``benchmarks/cells.py`` models: vocabulary 10k, tied, 2 layers, batch 20, BPTT 35) and at the PTB-tier sizes
    (the ``*-ptb-5m-light`` / ``pnorm-gru-ptb-5m-p1`` recipes' models: batch 20, BPTT 70), each in fp32 and bf16:
-   forward + backward + clipping + Adam, dropout on. Interleaved rounds, process CPU time, one thread; the
+   forward + backward + clipping + Adam, dropout on, the trainer's loss path (decoder fused with the loss).
+   Interleaved rounds, process CPU time, one thread; the
    speed-up is the median over rounds of ``time(fp32) / time(bf16)`` within a round. A profile of the aLSTM's
    step at hidden 650 in both precisions shows where the time goes.
 3. **Two cores** (``--layout``): the PTB-tier aLSTM and LSTM recipes on real PTB batches, as two one-thread
@@ -129,10 +130,8 @@ class Subject:
     def step(self, tokens: torch.Tensor) -> None:
         if self.state is not None:
             self.state = tuple(s.detach() for s in self.state)
-        with autocast(self.precision, "cpu"):
-            logits, _, _, self.state = self.lm.forward_hidden(tokens[:, :-1], self.state)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                                 tokens[:, 1:].reshape(-1))
+        with autocast(self.precision, "cpu"):   # the trainer's step: decoder fused with the loss
+            loss, _, _, self.state = self.lm.training_loss(tokens[:, :-1], tokens[:, 1:], self.state)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.lm.parameters(), 5.0)

@@ -151,20 +151,22 @@ def test_kill_and_resume_matches_uninterrupted(tmp_path, tiny_data, precision):
 
 
 def test_bf16_training_step_is_mixed_precision(tmp_path, tiny_data):
-    """A bf16 step: float32 weights, gradients and optimiser state, a loss close to (not equal to) fp32's."""
-    losses, weights = {}, {}
+    """A bf16 step: float32 weights, gradients and optimiser state; a loss and a gradient close to (not equal to)
+    fp32's. (Gradients are compared, not later losses: Adam with beta1 = 0 normalises a step to about lr * sign,
+    which hides a 0.2% gradient difference from the next losses of a tiny model.)"""
+    losses, grads = {}, {}
     for precision in ("fp32", "bf16"):
         recipe = Recipe.load(write_recipe(tmp_path / f"{precision}.toml", extra_train=f'precision = "{precision}"'))
         t = Trainer(recipe, tmp_path / precision, data_dir=str(tiny_data), progress=False)
         x, y = t.train_data[:12].t(), t.train_data[1:13].t()
-        losses[precision] = [t.train_step(x, y, 12) for _ in range(3)]
+        losses[precision] = t.train_step(x, y, 12)
         assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in t.model.parameters())
         assert all(v.dtype == torch.float32 for st in t.optimizer.state.values() for v in st.values()
                    if torch.is_tensor(v) and v.numel() > 1)
-        weights[precision] = torch.cat([p.detach().flatten() for p in t.model.parameters()])
-    assert losses["fp32"] != losses["bf16"]
+        grads[precision] = torch.cat([p.grad.flatten() for p in t.model.parameters()])
     assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.01)
-    assert not torch.equal(weights["fp32"], weights["bf16"])
+    diff = float((grads["bf16"] - grads["fp32"]).norm() / grads["fp32"].norm())
+    assert 0 < diff < 0.03, f"bf16 gradient {diff:.3%} from fp32"
 
 
 def test_unknown_precision_is_a_clear_error(tmp_path, tiny_data):

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from zoo.models._fused_loss import linear_cross_entropy
 from zoo.models.base import State, locked_mask
 from zoo.registry import build_stack
 
@@ -108,10 +109,12 @@ class LanguageModel(nn.Module):
             weight = weight * keep
         return F.embedding(tokens, weight)
 
-    def forward_hidden(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, Tensor, Tensor, State]:
+    def forward_hidden(self, tokens: Tensor, state: State | None = None,
+                       decode: bool = True) -> tuple[Tensor | None, Tensor, Tensor, State]:
         """Training forward: ``(logits [B,T,V], raw_out, dropped_out, state)``.
 
         ``raw_out`` (undropped last-layer output) feeds TAR and ``dropped_out`` feeds AR, as in AWD-LSTM.
+        ``decode=False`` skips the decoder (logits ``None``): :meth:`training_loss` decodes fused with the loss.
         """
         emb = self.embed(tokens)
         if self.training:
@@ -124,7 +127,17 @@ class LanguageModel(nn.Module):
             mask = locked_mask(out.shape[0], out.shape[-1], self.dropouto, out.device, out.dtype)
             if mask is not None:
                 dropped = out * mask.unsqueeze(1)
-        return self.decoder(dropped), out, dropped, state
+        return (self.decoder(dropped) if decode else None), out, dropped, state
+
+    def training_loss(self, tokens: Tensor, targets: Tensor, state: State | None = None,
+                      ignore_index: int = -100) -> tuple[Tensor, Tensor, Tensor, State]:
+        """Training forward and mean cross-entropy over the targets (those equal to ``ignore_index`` left out):
+        ``(loss, raw_out, dropped_out, state)``. The decoder runs fused with the loss, a block of rows at a time
+        (:mod:`zoo.models._fused_loss`: the same numbers as decoding then ``cross_entropy``, without the logits)."""
+        _, out, dropped, state = self.forward_hidden(tokens, state, decode=False)
+        loss = linear_cross_entropy(dropped.reshape(-1, dropped.shape[-1]), self.decoder.weight, self.decoder.bias,
+                                    targets.reshape(-1), ignore_index)
+        return loss, out, dropped, state
 
     def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """``tokens [B, T]`` (and a state, zeros if ``None``) -> ``(logits [B, T, V], state)``."""

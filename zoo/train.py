@@ -393,10 +393,8 @@ class Trainer:
         if self.state is not None:
             self.state = tuple(s.detach() for s in self.state)
         with autocast(self.cfg.precision, self.device):
-            logits, raw, dropped, self.state = self.train_module(x, self.state)
-        # the loss and its softmax in float32 (a no-op in fp32; bf16 logits are widened)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                                 ignore_index=PAD_TARGET)
+            # decoder fused with the loss (zoo.models._fused_loss): logits, softmax and loss in float32
+            loss, raw, dropped, self.state = self.train_module(x, y, self.state)
         total = loss * seq_len if self.cfg.time_summed_loss else loss
         keep = (y != PAD_TARGET).unsqueeze(-1).to(raw.dtype) if self.sentence_mode else None
         if self.cfg.alpha:
@@ -620,14 +618,15 @@ class _stop_on_signals:  # noqa: N801  (a context manager, used as one)
 
 
 class _TrainForward(torch.nn.Module):
-    """The module DDP wraps: its forward is the LM's ``forward_hidden`` (so AR/TAR see the outputs)."""
+    """The module DDP wraps: its forward is the LM's ``training_loss`` (the loss inside the forward, so DDP sees
+    every parameter used; the hidden outputs come back for AR/TAR)."""
 
     def __init__(self, model: LanguageModel):
         super().__init__()
         self.model = model
 
-    def forward(self, x, state=None):
-        return self.model.forward_hidden(x, state)
+    def forward(self, x, y, state=None):
+        return self.model.training_loss(x, y, state, ignore_index=PAD_TARGET)
 
 
 class _DeviceRunner:

@@ -1,0 +1,80 @@
+"""The decoder fused with the training loss (``zoo.models._fused_loss``) equals decode-then-``cross_entropy``:
+the loss and the gradients w.r.t. the hidden states, the (tied) decoder weight and bias, with ignored targets
+and row counts that are not a multiple of the block size; and the training step really takes that path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import WORDS, tiny_lm
+from zoo.models import _fused_loss
+from zoo.models._fused_loss import linear_cross_entropy
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("rows", [1, 127, 300])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_equals_decode_then_cross_entropy(rows, with_bias):
+    g = torch.Generator().manual_seed(rows)
+    h = torch.randn(rows, 24, generator=g)
+    w = torch.randn(500, 24, generator=g) * 0.3
+    b = torch.randn(500, generator=g) if with_bias else None
+    y = torch.randint(0, 500, (rows,), generator=g)
+    if rows > 1:
+        y[::3] = -100                                   # ignored targets count nowhere
+    leaves = [t.clone().requires_grad_() for t in (h, w)] + ([b.clone().requires_grad_()] if with_bias else [])
+    ref = F.cross_entropy(F.linear(leaves[0], leaves[1], leaves[2] if with_bias else None), y, ignore_index=-100)
+    ref.backward()
+    fused_leaves = [t.clone().requires_grad_() for t in (h, w)] + ([b.clone().requires_grad_()] if with_bias else [])
+    out = linear_cross_entropy(fused_leaves[0], fused_leaves[1], fused_leaves[2] if with_bias else None, y)
+    (out * 3.0).backward()                              # the incoming gradient scales every result
+    assert float(out.detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
+    for a, r in zip(fused_leaves, leaves, strict=True):
+        torch.testing.assert_close(a.grad, 3.0 * r.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_all_targets_ignored_gives_zero_loss_and_gradients():
+    h = torch.randn(5, 4, requires_grad=True)
+    w = torch.randn(7, 4, requires_grad=True)
+    out = linear_cross_entropy(h, w, None, torch.full((5,), -100))
+    out.backward()
+    assert float(out) == 0.0 and not h.grad.any() and not w.grad.any()
+
+
+@pytest.mark.parametrize("variant", ["alstm", "lstm"])
+def test_lm_training_loss_matches_the_decoder_path_with_tied_weights(variant):
+    lm = tiny_lm(variant, dropoute=0.1, dropouti=0.2, dropouto=0.2).train()
+    assert lm.tie_weights
+    tokens = torch.randint(len(WORDS), (3, 9), generator=torch.Generator().manual_seed(0))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    grads = []
+    for fused in (False, True):
+        lm.zero_grad()
+        torch.manual_seed(4)
+        if fused:
+            loss, *_ = lm.training_loss(x, y)
+        else:
+            logits, *_ = lm.forward_hidden(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        grads.append((float(loss), {k: p.grad.clone() for k, p in lm.named_parameters()}))
+    assert grads[1][0] == pytest.approx(grads[0][0], rel=1e-6)
+    for k, ref in grads[0][1].items():
+        torch.testing.assert_close(grads[1][1][k], ref, rtol=1e-5, atol=1e-7, msg=k)
+
+
+def test_the_trainer_step_takes_the_fused_path(monkeypatch, tmp_path):
+    from tests.test_train import write_recipe
+    from zoo.data import default_data_dir
+    from zoo.train import Recipe, Trainer
+
+    calls = []
+    original = _fused_loss._LinearCrossEntropy.apply
+    monkeypatch.setattr(_fused_loss._LinearCrossEntropy, "apply", lambda *a: calls.append(1) or original(*a))
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", arch="lstm"))
+    t = Trainer(recipe, tmp_path / "run", data_dir=str(default_data_dir()), progress=False)
+    t.train_step(t.train_data[:12].t(), t.train_data[1:13].t(), 12)
+    assert calls == [1]
