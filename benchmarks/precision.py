@@ -127,11 +127,16 @@ class Subject:
         self.arch, self.precision, self.batch, self.bptt = arch, precision, batch, bptt
         self.state = None
 
-    def step(self, tokens: torch.Tensor) -> None:
+    def step(self, tokens: torch.Tensor, fused: bool = True) -> None:
         if self.state is not None:
             self.state = tuple(s.detach() for s in self.state)
-        with autocast(self.precision, "cpu"):   # the trainer's step: decoder fused with the loss
-            loss, _, _, self.state = self.lm.training_loss(tokens[:, :-1], tokens[:, 1:], self.state)
+        with autocast(self.precision, "cpu"):
+            if fused:   # the trainer's step: decoder fused with the loss
+                loss, _, _, self.state = self.lm.training_loss(tokens[:, :-1], tokens[:, 1:], self.state)
+            else:       # decode the whole segment, then cross_entropy (the unfused path)
+                logits, _, _, self.state = self.lm.forward_hidden(tokens[:, :-1], self.state)
+                loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                         tokens[:, 1:].reshape(-1))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.lm.parameters(), 5.0)
@@ -216,6 +221,30 @@ def profile_alstm(subs: list[Subject] | None) -> dict:
                             "cast_copy_share": cast / total,
                             "top_ops": [{"op": k, "ms": t / 1e3, "share": t / total} for k, t in top]}
     return out
+
+
+def loss_path_rows(rounds: int) -> list[dict]:
+    """fp32 training step of the PTB-tier aLSTM and LSTM with the fused decoder + loss against decode-then-
+    cross_entropy, interleaved (what zoo.models._fused_loss buys)."""
+    gen = torch.Generator().manual_seed(2)
+    rows = []
+    for arch, kw, hidden, batch, bptt in size_configs("tier"):
+        if arch not in ("alstm", "lstm"):
+            continue
+        s = Subject(arch, kw, "fp32", batch, bptt)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(rounds + 1):
+            x = torch.randint(0, VOCAB, (batch, bptt + 1), generator=gen)
+            for fused in ((True, False) if r % 2 else (False, True)):
+                t0 = time.process_time()
+                s.step(x, fused)
+                if r:   # round 0: warm-up
+                    times[fused].append(time.process_time() - t0)
+        rows.append({"model": arch, "hidden": hidden,
+                     "fused_tokens_per_s": batch * bptt / statistics.median(times[True]),
+                     "unfused_tokens_per_s": batch * bptt / statistics.median(times[False]),
+                     "speedup": statistics.median(a / b for a, b in zip(times[False], times[True], strict=True))})
+    return rows
 
 
 # -- 3. two cores -------------------------------------------------------------------------------------------------
@@ -350,6 +379,14 @@ def markdown(records: list[dict], ctx: dict) -> str:
             top = ", ".join(f"{o['op']} {o['share']:.0%}" for o in p["top_ops"][:4])
             lines.append(f"| {prec} | {p['total_ms']:.0f} | {p['matmul_ms']:.0f} | {p['matmul_share']:.0%} | "
                          f"{p['cast_copy_share']:.0%} | {top} |")
+    lp = ctx.get("loss_path")
+    if lp:
+        lines += ["", "**The fused decoder + loss** (`zoo.models._fused_loss`, fp32, PTB-tier models, interleaved):",
+                  "",
+                  "| model | decode then cross_entropy tok/s | fused tok/s | speed-up |", "|---|---:|---:|---:|"]
+        for r in lp:
+            lines.append(f"| {r['model']} | {r['unfused_tokens_per_s']:,.0f} | {r['fused_tokens_per_s']:,.0f} | "
+                         f"{r['speedup']:.2f}x |")
     bound = ctx.get("bound")
     if bound:
         lines += ["", bound]
@@ -412,7 +449,8 @@ def main() -> None:
     print("GEMM probe ...", flush=True)
     gemm = gemm_probe()
     records, prof = train_rows(args.sizes, args.rounds, 1)
-    ctx: dict = {"meta": meta, "gemm": gemm, "profile": prof, "bound": bound_text(gemm, records)}
+    ctx: dict = {"meta": meta, "gemm": gemm, "profile": prof, "bound": bound_text(gemm, records),
+                 "loss_path": loss_path_rows(args.rounds) if "tier" in args.sizes else []}
     if args.layout:
         print("two-core layouts ...", flush=True)
         ctx["layout"] = layout(args.layout_steps)
