@@ -2,8 +2,11 @@
 
 Why: at the zoo's sizes the decoder is the largest GEMM of a training step (PTB: ``[1400, 256] x [256, 10000]``
 per batch) and its loss touches the ``[rows, vocab]`` logits four times (GEMM out, log-softmax, its backward, the
-two backward GEMMs in). Materialised whole, those logits (56 MB for PTB) stream through memory each time: the
-decoder and loss measured ~45% of an LSTM step and ~30% of an aLSTM step on one core. Here a block of
+two backward GEMMs in). Materialised whole, those logits (56 MB for PTB, 186 MB for WikiText-2) stream through
+memory each time; the decoder and its loss are ~45% of an LSTM step's and ~30% of an aLSTM step's profile on one
+core. What blocking buys in speed depends on how busy the memory system is: from about even on a quiet machine
+to ~1.1x with the other core training too (``benchmarks/precision.py``, "fused decoder + loss"); it always saves
+the logits' memory, and under bf16 it keeps them float32. Here a block of
 ``CHUNK`` rows is decoded, soft-maxed, turned into its gradient ``(softmax - onehot) / n`` and pushed through
 both backward GEMMs while it is still in cache, and only the gradients w.r.t. ``h``, ``W`` and ``b`` are kept
 for the backward, which just scales them by the incoming gradient. Same arithmetic as
