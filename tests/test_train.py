@@ -87,11 +87,13 @@ def test_training_run_writes_logs_best_release_and_eval(tmp_path, tiny_data):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("arch", ["alstm", "lstm"])
-def test_training_run_end_to_end_on_cuda(tmp_path, tiny_data, arch):
+def test_training_run_end_to_end_on_cuda(tmp_path, tiny_data, arch, precision):
     """The same code trains on CUDA, validation, release cast and test evaluation included (the first
-    GPU run here crashed at its first validation: the targets had stayed on the CPU)."""
-    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", arch=arch, epochs=1))
+    GPU run here crashed at its first validation: the targets had stayed on the CPU); bf16 is CUDA autocast."""
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", arch=arch, epochs=1,
+                                      extra_train=f'precision = "{precision}"'))
     result = Trainer(recipe, tmp_path / "run", data_dir=str(tiny_data), device="cuda", progress=False).run()
     assert result["device"] == torch.cuda.get_device_name()
     assert result["epochs_trained"] == 1 and result["test"]["ppl"] < 10_000
