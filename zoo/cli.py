@@ -103,7 +103,8 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
 def cmd_score(args: argparse.Namespace) -> int:
     texts = _read_texts(args)
     model = _load(args)
-    report = model.score(texts, return_tokens=args.tokens, batch_size=args.batch_size, progress=True)
+    report = model.score(texts, return_tokens=args.tokens, batch_size=args.batch_size, progress=True,
+                         dynamic=_dynamic(args))
     if args.json:
         for res in report.texts:
             print(json.dumps(res))
@@ -143,7 +144,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
     model = _load(args)
     res = model.evaluate(args.dataset, args.split, data_dir=args.data_dir, batch_size=args.batch_size,
-                         bptt=args.bptt)
+                         bptt=args.bptt, dynamic=_dynamic(args))
     res["model"] = model.name
     if args.json:
         print(json.dumps(res))
@@ -241,6 +242,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dynamic_options(sp: argparse.ArgumentParser) -> None:
+    from zoo.dynamic import DEFAULTS
+
+    sp.add_argument("--dynamic", action="store_true", help="dynamic evaluation: the weights adapt to the text "
+                    "segment by segment, each segment scored before the step that uses it (zoo/dynamic.py)")
+    sp.add_argument("--dynamic-segment", type=int, default=DEFAULTS.segment, help="tokens per update")
+    sp.add_argument("--dynamic-lr", type=float, default=DEFAULTS.lr, help="step size")
+    sp.add_argument("--dynamic-decay", type=float, default=DEFAULTS.decay, help="decay towards the trained weights")
+
+
+def _dynamic(args: argparse.Namespace):
+    from zoo.dynamic import DynamicParams
+
+    if not args.dynamic:
+        return False
+    try:
+        return DynamicParams(segment=args.dynamic_segment, lr=args.dynamic_lr, decay=args.dynamic_decay)
+    except ValueError as e:
+        raise UsageError(f"--dynamic: {e}") from None
+
+
 # -- parser --------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo", description="Adaptive-parameterization language models: "
@@ -274,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tokens", action="store_true", help="include per-token log-probabilities")
     sp.add_argument("--json", action="store_true", help="one JSON object per text")
     sp.add_argument("--batch-size", type=int, default=16)
+    _dynamic_options(sp)
     sp.set_defaults(func=cmd_score)
 
     sp = model_cmd("generate", "sample text")
@@ -295,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch-size", type=int, help="streams scored in parallel (default: the model card's protocol, "
                     "batch 1 for test: the number on the card)")
     sp.add_argument("--bptt", type=int, help="chunk length (default: the card's protocol, 70)")
+    _dynamic_options(sp)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_eval)
 

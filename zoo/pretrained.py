@@ -20,11 +20,13 @@ import torch
 
 from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import load_corpus, sentences
+from zoo.dynamic import DEFAULTS as DYNAMIC_DEFAULTS
+from zoo.dynamic import DynamicParams, dynamic_logprobs
 from zoo.generation import SamplingParams, sample_ids, stream_text
 from zoo.lm import LanguageModel
 from zoo.precision import AutocastRunner
 from zoo.precision import check as check_precision
-from zoo.scoring import ScoreReport, evaluate_sentences, evaluate_stream, score_texts
+from zoo.scoring import ScoreReport, evaluate_sentences, evaluate_stream, score_texts, summarize
 from zoo.tokenizer import Tokenizer
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -139,14 +141,23 @@ class ZooModel:
 
     # -- the main API ---------------------------------------------------------------------------------
     def score(self, texts: str | list[str], return_tokens: bool = False, batch_size: int = 16,
-              progress: bool = False) -> ScoreReport:
-        """Score one text or a list; see :mod:`zoo.scoring` for the fields and conventions."""
+              progress: bool = False, dynamic: bool | DynamicParams = False) -> ScoreReport:
+        """Score one text or a list; see :mod:`zoo.scoring` for the fields and conventions. ``dynamic=True`` (or
+        :class:`~zoo.dynamic.DynamicParams`) scores each text by dynamic evaluation (:mod:`zoo.dynamic`)."""
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a str or a list of str")
-        return score_texts(self.runner, self.tokenizer, texts, return_tokens=return_tokens,
-                           batch_size=batch_size, progress=progress)
+        dyn = self._dynamic(dynamic)
+        return score_texts(self.lm if dyn else self.runner, self.tokenizer, texts, return_tokens=return_tokens,
+                           batch_size=batch_size, progress=progress, dynamic=dyn)
+
+    def _dynamic(self, dynamic: bool | DynamicParams) -> DynamicParams | None:
+        if dynamic is False or dynamic is None:
+            return None
+        if self.backend != "eager" or self.precision != "fp32":
+            raise ValueError("dynamic evaluation runs on the eager backend in fp32 (it takes gradient steps)")
+        return DYNAMIC_DEFAULTS if dynamic is True else dynamic
 
     def stream(self, prompt: str = "", **sampling: Any) -> Iterator[str]:
         """Yield generated text piece by piece (keywords of :class:`SamplingParams`)."""
@@ -170,9 +181,12 @@ class ZooModel:
                 "mode": train.get("mode", "stream"), "max_len": int(train.get("max_len", 100))}
 
     def evaluate(self, dataset: str | None = None, split: str = "test", data_dir: str | None = None,
-                 batch_size: int | None = None, bptt: int | None = None, progress: bool = True) -> dict[str, Any]:
+                 batch_size: int | None = None, bptt: int | None = None, progress: bool = True,
+                 dynamic: bool | DynamicParams = False) -> dict[str, Any]:
         """Corpus metrics of a benchmark split, by default with the model's own protocol (:meth:`eval_protocol`), so
-        the number reproduces its card; ``dataset`` defaults to the one it was trained on."""
+        the number reproduces its card; ``dataset`` defaults to the one it was trained on. ``dynamic``: score the
+        split as one stream by dynamic evaluation (:mod:`zoo.dynamic`) instead."""
+        dyn = self._dynamic(dynamic)
         dataset = dataset or self.config.get("dataset")
         if not dataset:
             raise ValueError("this checkpoint does not say its dataset: pass one")
@@ -182,7 +196,16 @@ class ZooModel:
         proto = self.eval_protocol(split)
         batch_size = batch_size or proto["batch_size"]
         bptt = bptt or proto["bptt"]
-        if proto["mode"] == "sentences":
+        if dyn is not None:
+            if proto["mode"] == "sentences":
+                raise ValueError("dynamic evaluation scores one stream; this model was trained on single sentences")
+            stream = corpus.split(split)
+            lp = dynamic_logprobs(self.lm, stream[:-1], stream[1:], dyn, progress=progress,
+                                  desc=f"{dataset}/{split} (dynamic)")
+            res = summarize(float(-lp.sum()), lp.numel(), 0)
+            res.pop("bits_per_char")
+            res.update(batch_size=1, dynamic=dyn.to_dict())
+        elif proto["mode"] == "sentences":
             seqs = sentences(corpus.split(split), self.tokenizer.eos_id, proto["max_len"])
             res = evaluate_sentences(self.runner, seqs, batch_size=batch_size, pad_id=self.tokenizer.eos_id,
                                      progress=progress, desc=f"{dataset}/{split}")
