@@ -119,7 +119,9 @@ def test_card_body_holds_recipe_training_facts_figure_reference_and_citation(bun
     expected = json.loads(json.dumps(ev["recipe"]), object_hook=lambda d: {k: v for k, v in d.items() if v is not None})
     assert tomllib.loads(recipe_block) == expected  # every hyper-parameter, exactly
     assert f"{ev['num_parameters']:,}" in text
-    assert ev["device"] in text and f"{ev['train_seconds']:.0f} s" in text
+    assert f"- Hardware: {cards.short_device(ev['device'])}, 1 process; compute precision fp32" in text
+    assert f"{ev['train_seconds']:.0f} s" in text
+    assert bundled["catalog"]["models"]["tiny-card"]["training"]["precision"] == "fp32"
     assert f"over {ev['epochs_trained']} epochs" in text and f"epoch {ev['best_epoch']}" in text
     rel = ev["release"]
     assert f"{rel['test_ppl_change']:+.4%}" in text and "float16" in text
@@ -185,7 +187,7 @@ def test_readme_table_from_catalogue(bundled, capsys, monkeypatch):
     cells = [c.strip() for c in row[0].strip("|").split("|")]
     assert cells == ["`tiny-card` (default)", "lstm", f"{entry['num_parameters'] / 1e6:.2f}M", "ptb",
                      str(entry["training"]["epochs"]), cards.format_duration(entry["training"]["train_seconds"])
-                     + f" ({short_device(entry['training']['device'])})",
+                     + f" ({short_device(entry['training']['device'])}, fp32)",
                      f"{entry['metrics']['valid']:.2f}", f"{entry['metrics']['test']:.2f}", "perplexity",
                      "120.70 / 114.50 (test fixture reference)"]
     assert stdout == cards.models_table_markdown(bundled["catalog"])

@@ -272,7 +272,8 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
         "files": files, "dtype": rel.get("dtype", "float32"),
         "training": {"epochs": ev["epochs_trained"], "best_epoch": ev["best_epoch"],
                      "train_seconds": ev["train_seconds"], "device": ev.get("device"),
-                     "world_size": ev.get("world_size", 1)},
+                     "world_size": ev.get("world_size", 1),
+                     "precision": ev["recipe"].get("train", {}).get("precision", "fp32")},
         "reference": reference,
     }
 

@@ -295,7 +295,9 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     train = recipe.get("train", {})
     add(f"- Data: {ds.title}, train split; model selection on the validation split; the test split was "
         "evaluated once, on the best-validation checkpoint.")
-    add(f"- Hardware: {ev.get('device', 'n/a')}, {ev.get('world_size', 1)} process(es)")
+    world = ev.get("world_size", 1)
+    add(f"- Hardware: {short_device(ev.get('device', 'n/a'))}, {world} process{'es' if world != 1 else ''}; "
+        f"compute precision {train.get('precision', 'fp32')}")
     add(f"- Training time: {format_duration(ev['train_seconds'])} ({ev['train_seconds']:.0f} s of training "
         f"steps, evaluation excluded) over {ev['epochs_trained']} epochs (recipe: {train.get('epochs')}); "
         f"best validation at epoch {ev['best_epoch']}")
@@ -408,7 +410,8 @@ def models_table_markdown(cat: dict[str, Any] | None = None) -> str:
                    if ref else "")
         flag = " (default)" if name == cat.get("default") else ""
         secs = tr.get("train_seconds")
-        where = f" ({short_device(tr['device'])})" if tr.get("device") else ""
+        # runs bundled before the precision key existed were all trained in fp32
+        where = f" ({short_device(tr['device'])}, {tr.get('precision', 'fp32')})" if tr.get("device") else ""
         lines.append(f"| `{name}`{flag} | {m.get('architecture', '')} | {m.get('num_parameters', 0) / 1e6:.2f}M | "
                      f"{m.get('dataset', '')} | {tr.get('epochs', '')} | "
                      f"{format_duration(secs) if secs is not None else ''}{where} | {_fmt(met.get('valid'), digits)} | "
