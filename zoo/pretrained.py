@@ -115,7 +115,8 @@ class ZooModel:
         check_precision(precision)
         if precision != "fp32" and self.backend != "eager":
             raise ValueError(f"precision {precision!r} applies to the eager backend only, not {self.backend!r}")
-        self.runner = self.lm if precision == "fp32" else AutocastRunner(self.lm, precision)
+        if self.backend == "eager":   # an export's runner stays as attached
+            self.runner = self.lm if precision == "fp32" else AutocastRunner(self.lm, precision)
         self.precision = precision
         return self
 
