@@ -23,7 +23,6 @@ import os
 import sys
 import tempfile
 import threading
-import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -41,7 +40,9 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 import zoo  # noqa: E402
 from zoo.adaptation import AdaptationTrace, trace_text  # noqa: E402
 from zoo.checkpoint import CheckpointError, read_config  # noqa: E402
+from zoo.errors import InvalidRequest  # noqa: E402
 from zoo.pretrained import ZooModel, bundled_dir, catalog  # noqa: E402
+from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request  # noqa: E402
 
 log = logging.getLogger("zoo.demo")
 REPO = Path(__file__).resolve().parent
@@ -73,50 +74,25 @@ CSS = """
 """
 
 
-# -- input validation ------------------------------------------------------------------------------------
-def clean_text(text: Any, cap: int = MAX_CHARS, what: str = "text", allow_empty: bool = False) -> tuple[str, str]:
-    """The text to use and a notice ('' if none); raises ``gr.Error`` with one readable line."""
-    if text is None:
-        text = ""
-    if not isinstance(text, str):
-        raise gr.Error(f"The {what} must be a string, not {type(text).__name__}.")
-    if not text.strip():
-        if allow_empty:
-            return "", ""
-        raise gr.Error(f"The {what} is empty: type or paste some {what}.")
-    if looks_binary(text):
-        raise gr.Error(f"The {what} looks like binary data (control or undecodable characters); paste plain text.")
-    notice = ""
-    if len(text) > cap:
-        notice = f"The {what} has {len(text):,} characters; only the first {cap:,} were used."
-        text = text[:cap]
-    return text, notice
+# -- input validation: the service core's schema (zoo.service), with the demo's limits ------------------------
+#: What the demo accepts: the same schema and messages as the HTTP server and the CLI, narrowed to the sliders'
+#: ranges; an over-long text is cut with a warning rather than refused (a pasted article is still worth scoring).
+LIMITS = Limits(max_texts=1, max_chars=MAX_CHARS, max_total_chars=MAX_CHARS, max_prompt_chars=MAX_PROMPT_CHARS,
+                max_new_tokens=MAX_NEW_TOKENS, max_temperature=MAX_TEMPERATURE, max_top_k=MAX_TOP_K, truncate=True)
 
 
-def looks_binary(text: str) -> bool:
-    """NUL bytes, or more than 5% control/replacement characters (tab, newline, return excepted)."""
-    if "\x00" in text:
-        return True
-    sample = text[:MAX_CHARS]
-    bad = sum(1 for ch in sample if ch == "\ufffd" or (unicodedata.category(ch) == "Cc" and ch not in "\t\n\r"))
-    return bad > 0.05 * len(sample)
+def parse(payload: dict[str, Any]) -> ScoreRequest | GenerateRequest:
+    """A request through the service schema; a bad field becomes a ``gr.Error`` with its one-line message."""
+    try:
+        return parse_request(payload, LIMITS)
+    except InvalidRequest as e:
+        raise gr.Error(e.message + ".") from None
 
 
-def as_int(value: Any, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or int(value) != value:
-        raise gr.Error(f"{name} must be an integer, got {value!r}.")
-    if not lo <= value <= hi:
-        raise gr.Error(f"{name} must be between {lo} and {hi}, got {int(value)}.")
-    return int(value)
-
-
-def as_float(value: Any, name: str, lo: float, hi: float, lo_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise gr.Error(f"{name} must be a number, got {value!r}.")
-    if value > hi or value < lo or (lo_open and value == lo):
-        raise gr.Error(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}.")
-    return float(value)
+def clean_text(text: Any) -> tuple[str, str]:
+    """The text to score (the demo's box may send None when empty) and the notice to show ('' if none)."""
+    req = parse({"text": "" if text is None else text})
+    return req.texts[0], " ".join(f"{w}." for w in req.warnings)
 
 
 # -- the models ---------------------------------------------------------------------------------------
@@ -311,7 +287,10 @@ def heatmap_html(tokens: list[str], values: list[float], *, is_char: bool, vmax:
 
 
 def _score_one(model: ZooModel, text: str) -> dict[str, Any]:
-    res = model.score(text, return_tokens=True)[0]
+    reply = Service(model, LIMITS).score([ScoreRequest((text,), return_tokens=True)])[0]
+    if isinstance(reply, Exception):  # a bug, not the input: the service core logged it
+        raise gr.Error(f"Scoring failed with {model.name}; the server log has the details.")
+    res = reply["texts"][0]
     toks = res["tokens"]
     return {
         "model": model.name, "architecture": model.lm.architecture, "num_parameters": model.num_parameters,
@@ -382,18 +361,15 @@ def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
     def generate(prompt: str, model: str, max_new_tokens: float = 50, temperature: float = 1.0,
                  top_k: float = 0, top_p: float = 1.0, seed: float | None = 0) -> Iterator[str]:
         """Stream the continuation of ``prompt``, one token at a time (each yield is the text so far)."""
-        prompt, notice = clean_text(prompt, cap=MAX_PROMPT_CHARS, what="prompt", allow_empty=True)
-        if notice:
-            gr.Warning(notice)
-        n = as_int(max_new_tokens, "max_new_tokens", 1, MAX_NEW_TOKENS)
-        temp = as_float(temperature, "temperature", 0.0, MAX_TEMPERATURE)
-        k = as_int(top_k, "top_k", 0, MAX_TOP_K)
-        p = as_float(top_p, "top_p", 0.0, 1.0, lo_open=True)
-        s = None if seed is None or seed == -1 else as_int(seed, "seed", 0, 2**63 - 1)
-        m = registry.get(model)
+        req = parse({"task": "generate", "prompt": "" if prompt is None else prompt,
+                     "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                     "seed": None if seed is None or seed == -1 else seed})
+        for w in req.warnings:
+            gr.Warning(f"{w}.")
+        service = Service(registry.get(registry.check(model)), LIMITS)
         out = ""
         yield out
-        for piece in m.stream(prompt, max_new_tokens=n, temperature=temp, top_k=k, top_p=p, seed=s):
+        for piece in service.stream(req):
             out += piece
             yield out
 

@@ -238,7 +238,7 @@ def test_default_model_scores(served):
     ("/generate", ("the", "tiny-lstm", 5, -1.0, 0, 1.0, 0), "less than minimum value 0"),
     ("/generate", ("the", "tiny-lstm", 5, 1.0, -3, 1.0, 0), "less than minimum value 0"),
     ("/generate", ("the", "tiny-lstm", 5, 1.0, 0, 0.0, 0), "less than minimum value 0.05"),
-    ("/generate", ("the", "tiny-lstm", 5, 1.0, 0, 1.0, -5), "seed must be between 0"),
+    ("/generate", ("the", "tiny-lstm", 5, 1.0, 0, 1.0, -5), "seed must be an integer between 0"),
     ("/generate", ("\x00\x01binary", "tiny-lstm", 5, 1.0, 0, 1.0, 0), "binary"),
     ("/generate", ("the", "missing", 5, 1.0, 0, 1.0, 0), "Unknown model"),
     ("/model_info", ("missing",), "Unknown model"),
@@ -289,24 +289,25 @@ def test_queue_and_concurrency_limits_for_two_cores(model_root):
 
 
 def test_validators_directly(model_root):
-    """The handlers' own checks (behind the sliders' bounds) name the parameter."""
+    """The handlers' own checks (behind the sliders' bounds) are the service schema's, with the demo's limits,
+    and name the parameter."""
     gen = app.make_handlers(app.ModelRegistry([model_root]))["generate"]
-    for kwargs, msg in [({"max_new_tokens": 501}, "max_new_tokens must be between 1 and 500"),
+    for kwargs, msg in [({"max_new_tokens": 501}, "max_new_tokens must be an integer between 0 and 500 here"),
                         ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
-                        ({"temperature": float("inf")}, "temperature must be a number"),
-                        ({"temperature": 2.5}, "temperature must be in"),
-                        ({"top_k": 201}, "top_k must be between 0 and 200"),
+                        ({"temperature": float("inf")}, "temperature must be a finite number"),
+                        ({"temperature": 2.5}, "temperature must be at most 2"),
+                        ({"temperature": 1e-40}, r"temperature must be 0 \(greedy\)"),
+                        ({"top_k": 201}, "top_k must be an integer between 0 and 200"),
                         ({"top_p": 0.0}, r"top_p must be in \(0"),
                         ({"seed": "x"}, "seed must be an integer")]:
         with pytest.raises(app.gr.Error, match=msg):
             next(gen("the", "tiny-lstm", **kwargs))
+    with pytest.raises(app.gr.Error, match="surrogate"):
+        next(gen("the \ud800", "tiny-lstm"))
     assert list(gen("the", "tiny-lstm", max_new_tokens=3, temperature=0.0))[0] == ""
-    assert app.looks_binary("a\x00b") and not app.looks_binary("plain\ttext\nwith lines\r\n")
-    assert app.clean_text("x" * 30, cap=10) == ("x" * 10, "The text has 30 characters; only the first 10 were used.")
-    assert app.as_int(3.0, "n", 1, 5) == 3
-    for bad in (True, "3", float("nan"), 2.5):
-        with pytest.raises(Exception, match="integer"):
-            app.as_int(bad, "n", 1, 5)
+    assert app.clean_text("x" * (app.MAX_CHARS + 30)) == (
+        "x" * app.MAX_CHARS, f"text has {app.MAX_CHARS + 30:,} characters; only the first {app.MAX_CHARS:,} were used.")
+    assert app.LIMITS.max_new_tokens == app.MAX_NEW_TOKENS and app.LIMITS.truncate
 
 
 def test_cli_port_env_and_model_dirs(monkeypatch, model_root, capsys):

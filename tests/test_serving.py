@@ -169,6 +169,17 @@ def test_secure_defaults_in_effect(server):
         assert line in conf
     # runtime state stays in the run dir, not in the checkout
     assert not (REPO / "key_file.json").exists() and not (REPO / "logs").exists()
+    # every socket the frontend listens on is on loopback: HTTP and TorchServe's gRPC servers (ports per server,
+    # not its fixed 7070/7071, so servers run side by side: see the ONNX test, which starts a second one)
+    state = json.loads((server.run_dir / "server.json").read_text())
+    cfg = state["config"]
+    grpc = {cfg["grpc_inference_port"], cfg["grpc_management_port"]}
+    assert 0 not in grpc and not grpc & {7070, 7071}  # free ports are taken from the ephemeral range
+    conns = psutil.Process(state["pid"]).net_connections("inet")
+    listening = {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
+    assert {p for _, p in listening} >= grpc | {cfg["inference_port"], cfg["management_port"]}
+    assert f"grpc_inference_port={cfg['grpc_inference_port']}" in conf and "grpc_inference_address=127.0.0.1" in conf
     # the worker runs with this interpreter, where `zoo` is importable
     pid = server.workers()[0]["pid"]
     assert Path(psutil.Process(pid).cmdline()[0]).resolve() == Path(sys.executable).resolve()
@@ -190,6 +201,8 @@ def _assert_reports_close(served: dict, expected: dict) -> None:
         else:
             assert a == b, where
 
+    served = dict(served)
+    assert served.pop("warnings", []) == []  # the service core's notices: none for the plain texts used here
     walk(served, json.loads(json.dumps(expected)), "report")
 
 
@@ -198,7 +211,9 @@ def test_score_equals_python_api(server):
     r = server.post({"task": "score", "texts": texts, "return_tokens": True})
     assert r.status_code == 200, r.text
     assert r.headers["Content-Type"].startswith("application/json")
-    _assert_reports_close(r.json(), server.model.score(texts, return_tokens=True).to_dict())
+    served = r.json()
+    assert served.pop("warnings") == []  # the service core's notices (none for plain text)
+    _assert_reports_close(served, server.model.score(texts, return_tokens=True).to_dict())
     r = server.post({"task": "score", "texts": texts})
     assert all("tokens" not in t for t in r.json()["texts"])
 
@@ -206,7 +221,9 @@ def test_score_equals_python_api(server):
 def test_text_plain_body_is_scored(server):
     r = server.post(b"the cat sat on the mat", content_type="text/plain; charset=utf-8")
     assert r.status_code == 200, r.text
-    _assert_reports_close(r.json(), server.model.score("the cat sat on the mat").to_dict())
+    served = r.json()
+    assert served.pop("warnings") == []
+    _assert_reports_close(served, server.model.score("the cat sat on the mat").to_dict())
 
 
 def test_generate_equals_python_api(server):
@@ -259,6 +276,41 @@ def test_concurrent_requests_are_batched_with_unbatched_scores(server):
         if max(batch_sizes) > 1:
             break
     assert max(batch_sizes) > 1, batch_sizes
+
+
+def test_poisoned_batch_answers_every_good_request(server):
+    """One bad request (a lone surrogate in a JSON key, which once failed its whole batch with 503s) sent
+    concurrently with good ones: the good ones all get 200 and their numbers, the bad one its 400."""
+    good = [{"task": "score", "texts": [TEXTS[i % len(TEXTS)]]} for i in range(10)]
+    poison = [b'{"texts": ["the cat"], "\\ud800": 1}', b'{"task": "generate", "prompt": "\\udfff"}',
+              b'{"task": "generate", "temperature": 1e-40}']
+    bodies: list = good[:5] + poison + good[5:]
+    barrier = threading.Barrier(len(bodies))
+
+    def send(body):
+        barrier.wait(timeout=HTTP_TIMEOUT)
+        return server.post(body)
+
+    batch_sizes: list[int] = []
+    for _ in range(3):
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            replies = list(pool.map(send, bodies))
+        for body, r in zip(bodies, replies, strict=True):
+            if isinstance(body, bytes):
+                assert r.status_code == 400 and r.json()["type"] == "BadRequest", r.text
+            else:
+                assert r.status_code == 200, r.text
+                _assert_reports_close(r.json(), server.model.score(body["texts"]).to_dict())
+        batch_sizes += [int(r.headers.get("X-Zoo-Batch-Size", 1)) for r in replies]
+        if max(batch_sizes) > 1:
+            break
+    assert max(batch_sizes) > 1, batch_sizes  # the poison really shared a batch with good requests
+
+
+def test_tiny_top_p_is_greedy_not_an_error(server):
+    r = server.post({"task": "generate", "prompt": "the", "max_new_tokens": 6, "top_p": 1e-300, "seed": 1})
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] == server.model.generate("the", max_new_tokens=6, temperature=0)
 
 
 def test_request_without_token_is_refused(server):
@@ -319,6 +371,19 @@ BAD_INPUTS = [  # (id, content type, body, expected status, field named in the e
     ("prompt-too-long", "application/json", {"task": "generate", "prompt": _long_text()}, 400, "prompt"),
     ("form-encoded", "application/x-www-form-urlencoded", b"text=the+cat", 400, "body"),
     ("unsupported-content-type", "application/octet-stream", b"the cat", 400, "Content-Type"),
+    # the classes that once failed a whole batch or gave a 5xx (lone surrogates, floats below float32's range)
+    ("surrogate-key", "application/json", b'{"texts": ["a"], "\\ud800": 1}', 400, "'\\ud800'"),
+    ("surrogate-text", "application/json", b'{"texts": ["the \\ud800 cat"]}', 400, "texts[0]"),
+    ("surrogate-text-low", "application/json", b'{"text": "\\udfff"}', 400, "text"),
+    ("surrogate-prompt", "application/json", b'{"task": "generate", "prompt": "the \\udbff"}', 400, "prompt"),
+    ("temperature-tiny", "application/json", {"task": "generate", "temperature": 1e-40}, 400, "temperature"),
+    ("temperature-huge", "application/json", {"task": "generate", "temperature": 1e300}, 400, "temperature"),
+    ("top-p-negative-tiny", "application/json", {"task": "generate", "top_p": -1e-300}, 400, "top_p"),
+    ("json-infinity", "application/json", b'{"task": "generate", "top_p": Infinity}', 400, "body"),
+    ("seed-float", "application/json", {"task": "generate", "seed": 1.5}, 400, "seed"),
+    ("nul-text", "application/json", {"texts": ["a\u0000b"]}, 400, "texts[0]"),
+    ("binary-plain-body", "text/plain", b"\x01\x02\x03\x04" * 8, 400, "body"),
+    ("stop-at-eos-not-bool", "application/json", {"task": "generate", "stop_at_eos": "no"}, 400, "stop_at_eos"),
     ("unknown-model", "application/json", {"texts": ["a"]}, 404, None),
     ("request-too-large", "text/plain", b"a " * MAX_REQUEST_BYTES, 413, None),
 ]

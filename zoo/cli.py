@@ -97,7 +97,10 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
         raise UsageError("nothing to score: the input is empty")
     if any(not t.strip() for t in texts):
         raise UsageError("empty text in the input")
-    return texts
+    from zoo.service import CLI_LIMITS, parse_score
+
+    # the service schema (no size limit on the CLI): NUL, binary data and undecodable argv bytes are refused
+    return list(parse_score({"texts": texts}, CLI_LIMITS).texts)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -125,9 +128,12 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    model = _load(args)
-    pieces = model.stream(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    from zoo.service import CLI_LIMITS, Service, parse_generate
+
+    req = parse_generate({"prompt": args.prompt, "max_new_tokens": args.max_new_tokens,
+                          "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                          "seed": args.seed}, CLI_LIMITS)  # checked before the model loads
+    pieces = Service(_load(args), CLI_LIMITS).stream(req)
     if args.json:
         print(json.dumps({"prompt": args.prompt, "text": "".join(pieces)}))
         return 0

@@ -14,14 +14,24 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from zoo.errors import InvalidRequest
 from zoo.tokenizer import Tokenizer
+from zoo.validate import as_bool, as_float, as_int
 
 MAX_NEW_TOKENS_LIMIT = 4096
+#: The smallest non-zero temperature: below it ``logits / T`` leaves float32's range (a temperature of 1e-40
+#: turned every probability into NaN); at 1e-6 sampling is already greedy to float precision.
+MIN_TEMPERATURE = 1e-6
+MAX_TEMPERATURE = 100.0
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Validated sampling settings. ``temperature == 0`` means greedy decoding."""
+    """Validated sampling settings (the one schema every front end uses; see ``zoo.service``).
+
+    ``temperature == 0`` means greedy decoding. ``stop_at_eos`` ends generation at the first ``<eos>``.
+    Bad values raise :class:`zoo.errors.InvalidRequest` (a ``ValueError``) naming the field.
+    """
 
     max_new_tokens: int = 50
     temperature: float = 1.0
@@ -31,14 +41,18 @@ class SamplingParams:
     stop_at_eos: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
-            raise ValueError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS_LIMIT}]")
-        if not self.temperature >= 0:
-            raise ValueError("temperature must be >= 0 (0 = greedy)")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError("top_k must be an integer >= 0 (0 = off)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
+        set_ = object.__setattr__  # frozen: normalise integral floats (slider values) to int once, here
+        set_(self, "max_new_tokens", as_int(self.max_new_tokens, "max_new_tokens", 0, MAX_NEW_TOKENS_LIMIT))
+        t = as_float(self.temperature, "temperature", 0.0, MAX_TEMPERATURE)
+        if 0 < t < MIN_TEMPERATURE:
+            raise InvalidRequest("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, "
+                                                f"{MAX_TEMPERATURE:g}], got {t:g}")
+        set_(self, "temperature", t)
+        set_(self, "top_k", as_int(self.top_k, "top_k", 0))
+        set_(self, "top_p", as_float(self.top_p, "top_p", 0.0, 1.0, lo_open=True))
+        if self.seed is not None:
+            set_(self, "seed", as_int(self.seed, "seed", 0, 2**63 - 1))
+        as_bool(self.stop_at_eos, "stop_at_eos")
 
 
 def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -50,6 +64,7 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
         sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
         cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses top_p
+        drop[..., 0] = False  # and always the most likely one (a top_p below float32's range dropped all)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
     return logits

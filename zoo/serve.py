@@ -88,6 +88,10 @@ class ServerConfig:
     management_port: int = 8081
     metrics_port: int = 8082
     worker_port: int = 0
+    #: TorchServe always opens gRPC inference and management servers (its defaults, 7070/7071, made a second
+    #: server fail to start); 0 = a free port chosen at start, bound to ``host`` like the HTTP addresses.
+    grpc_inference_port: int = 0
+    grpc_management_port: int = 0
     disable_token_auth: bool = False
     enable_model_api: bool = False
     max_request_bytes: int = 1 << 20
@@ -255,6 +259,18 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def _free_port(host: str, avoid: set[int]) -> int:
+    """A port the OS reports free on ``host`` now (not one of ``avoid``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(20):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
+    raise ServeError(f"no free port found on {host}")
+
+
 def _http(url: str, key: str | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
     """GET without proxies (loopback): (status, body); status 0 when nothing answers."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -326,13 +342,18 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
         raise ServeError(f"duplicate model names in {names}")
     if not cfg.worker_port:
         cfg.worker_port = 20000 + cfg.inference_port % 20000
-    ports = [cfg.inference_port, cfg.management_port, cfg.metrics_port]
-    if len(set(ports)) != 3:
-        raise ServeError(f"the inference, management and metrics ports must differ (got {ports})")
+    for attr in ("grpc_inference_port", "grpc_management_port"):
+        if not getattr(cfg, attr):
+            setattr(cfg, attr, _free_port(cfg.host, avoid={cfg.inference_port, cfg.management_port,
+                                                          cfg.metrics_port, cfg.grpc_inference_port}))
+    ports = [cfg.inference_port, cfg.management_port, cfg.metrics_port, cfg.grpc_inference_port,
+             cfg.grpc_management_port]
+    if len(set(ports)) != len(ports):
+        raise ServeError(f"the inference, management, metrics and gRPC ports must differ (got {ports})")
     for port in ports:
         if not _port_free(cfg.host, port):
             raise ServeError(f"port {port} on {cfg.host} is in use (choose others with --inference-port, "
-                             "--management-port, --metrics-port)")
+                             "--management-port, --metrics-port, --grpc-inference-port, --grpc-management-port)")
     store, logs, tmp = run_dir / "model-store", run_dir / "logs", run_dir / "tmp"
     if len(str(tmp / f".ts.sock.{cfg.worker_port + 99}")) > 100:  # unix socket paths are limited to 108 bytes
         tmp = Path(tempfile.mkdtemp(prefix="zoo-serve-"))
@@ -471,6 +492,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     models = [parse_model_spec(s) for s in args.model] if args.model else [("default", "default")]
     cfg = ServerConfig(host=args.host, inference_port=args.inference_port, management_port=args.management_port,
                        metrics_port=args.metrics_port, worker_port=args.worker_port or 0,
+                       grpc_inference_port=args.grpc_inference_port, grpc_management_port=args.grpc_management_port,
                        disable_token_auth=args.disable_token_auth, enable_model_api=args.enable_model_api,
                        max_request_bytes=args.max_request_bytes, token_expiration_min=args.token_expiration_min)
     print(f"starting TorchServe with {', '.join(f'{n} ({s})' for n, s in models)}; waiting for /ping "
@@ -537,6 +559,10 @@ def add(subparsers) -> None:
     sp.add_argument("--metrics-port", type=int, default=8082)
     sp.add_argument("--worker-port", type=int, help="base of the worker socket numbers (default: from the "
                     "inference port)")
+    sp.add_argument("--grpc-inference-port", type=int, default=0,
+                    help="TorchServe's gRPC inference port, bound to --host (default: a free port)")
+    sp.add_argument("--grpc-management-port", type=int, default=0,
+                    help="TorchServe's gRPC management port, bound to --host (default: a free port)")
     sp.add_argument("--disable-token-auth", action="store_true",
                     help="turn token authorisation OFF (local demos only)")
     sp.add_argument("--enable-model-api", action="store_true",

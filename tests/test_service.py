@@ -1,0 +1,272 @@
+"""The service core (zoo.service): one schema for every front end, per-request isolation, replies that always
+encode. The HTTP server runs the same table of bad inputs against a real TorchServe (tests/test_serving.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from zoo.errors import InvalidRequest
+from zoo.generation import SamplingParams
+from zoo.pretrained import ZooModel
+from zoo.service import (
+    CLI_LIMITS,
+    GenerateRequest,
+    Limits,
+    ScoreRequest,
+    Service,
+    error_body,
+    parse_body,
+    parse_request,
+    to_json,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+LIMITS = Limits(max_texts=4, max_chars=200, max_total_chars=500, max_prompt_chars=100, max_new_tokens=20)
+GEN = {"task": "generate"}
+
+#: (id, payload, field named in the error): every class of bad value the front ends have met.
+BAD_PAYLOADS = [
+    ("not-object", ["the cat"], "body"),
+    ("task-unknown", {"task": "translate"}, "task"),
+    ("task-int", {"task": 5}, "task"),
+    ("task-list", {"task": ["score"]}, "task"),
+    ("unknown-field", {"texts": ["a"], "max_tokens": 3}, "max_tokens"),
+    ("unknown-field-generate", dict(GEN, texts=["a"]), "texts"),
+    ("surrogate-key", {"texts": ["a"], "\ud800": 1}, "'\\ud800'"),
+    ("surrogate-key-generate", dict(GEN, **{"x\udfff": 1}), "'x\\udfff'"),
+    ("control-key", {"texts": ["a"], "a\nb": 1}, "'a\\nb'"),
+    ("texts-and-text", {"texts": ["a"], "text": "a"}, "texts"),
+    ("texts-missing", {"task": "score"}, "texts"),
+    ("texts-str", {"texts": "the cat"}, "texts"),
+    ("texts-dict", {"texts": {"a": 1}}, "texts"),
+    ("texts-empty", {"texts": []}, "texts"),
+    ("texts-too-many", {"texts": ["a"] * 5}, "texts"),
+    ("texts-item-int", {"texts": ["a", 3]}, "texts[1]"),
+    ("texts-item-none", {"texts": [None]}, "texts[0]"),
+    ("texts-item-empty", {"texts": [""]}, "texts[0]"),
+    ("texts-item-blank", {"texts": [" \n\t "]}, "texts[0]"),
+    ("texts-item-surrogate", {"texts": ["the \ud800 cat"]}, "texts[0]"),
+    ("texts-item-low-surrogate", {"texts": ["ok", "\udc80"]}, "texts[1]"),
+    ("texts-item-nul", {"texts": ["a\x00b"]}, "texts[0]"),
+    ("texts-item-binary", {"texts": ["\x01\x02\x03\x04" * 5 + "the"]}, "texts[0]"),
+    ("texts-item-too-long", {"texts": ["a " * 101]}, "texts[0]"),
+    ("texts-total-too-long", {"texts": ["a " * 99] * 3}, "texts"),
+    ("text-int", {"text": 7}, "text"),
+    ("text-surrogate", {"text": "\ud83d"}, "text"),
+    ("return-tokens-str", {"texts": ["a"], "return_tokens": "yes"}, "return_tokens"),
+    ("return-tokens-int", {"texts": ["a"], "return_tokens": 1}, "return_tokens"),
+    ("prompt-int", dict(GEN, prompt=123), "prompt"),
+    ("prompt-surrogate", dict(GEN, prompt="the \udbff"), "prompt"),
+    ("prompt-nul", dict(GEN, prompt="\x00"), "prompt"),
+    ("prompt-too-long", dict(GEN, prompt="a" * 101), "prompt"),
+    ("max-new-tokens-over", dict(GEN, max_new_tokens=21), "max_new_tokens"),
+    ("max-new-tokens-negative", dict(GEN, max_new_tokens=-1), "max_new_tokens"),
+    ("max-new-tokens-float", dict(GEN, max_new_tokens=2.5), "max_new_tokens"),
+    ("max-new-tokens-bool", dict(GEN, max_new_tokens=True), "max_new_tokens"),
+    ("max-new-tokens-str", dict(GEN, max_new_tokens="5"), "max_new_tokens"),
+    ("max-new-tokens-inf", dict(GEN, max_new_tokens=math.inf), "max_new_tokens"),
+    ("max-new-tokens-huge", dict(GEN, max_new_tokens=10**400), "max_new_tokens"),
+    ("temperature-negative", dict(GEN, temperature=-0.5), "temperature"),
+    ("temperature-tiny", dict(GEN, temperature=1e-40), "temperature"),
+    ("temperature-below-min", dict(GEN, temperature=1e-300), "temperature"),
+    ("temperature-huge", dict(GEN, temperature=1e300), "temperature"),
+    ("temperature-nan", dict(GEN, temperature=math.nan), "temperature"),
+    ("temperature-inf", dict(GEN, temperature=math.inf), "temperature"),
+    ("temperature-str", dict(GEN, temperature="hot"), "temperature"),
+    ("temperature-bool", dict(GEN, temperature=False), "temperature"),
+    ("top-p-zero", dict(GEN, top_p=0), "top_p"),
+    ("top-p-negative", dict(GEN, top_p=-1e-40), "top_p"),
+    ("top-p-above-one", dict(GEN, top_p=1.5), "top_p"),
+    ("top-p-nan", dict(GEN, top_p=math.nan), "top_p"),
+    ("top-p-list", dict(GEN, top_p=[0.5]), "top_p"),
+    ("top-k-negative", dict(GEN, top_k=-3), "top_k"),
+    ("top-k-float", dict(GEN, top_k=0.5), "top_k"),
+    ("seed-str", dict(GEN, seed="abc"), "seed"),
+    ("seed-negative", dict(GEN, seed=-1), "seed"),
+    ("seed-too-big", dict(GEN, seed=2**64), "seed"),
+    ("seed-float", dict(GEN, seed=1.5), "seed"),
+    ("stream-str", dict(GEN, stream="yes"), "stream"),
+    ("stop-at-eos-int", dict(GEN, stop_at_eos=0), "stop_at_eos"),
+]
+
+BAD_BODIES = [  # (id, raw body, content type, field)
+    ("invalid-utf8-json", b'{"texts": ["\xff\xfe"]}', "application/json", "body"),
+    ("invalid-utf8-plain", b"the cat \xc3\x28", "text/plain", "body"),
+    ("empty-plain", b"", "text/plain", "body"),
+    ("not-json", b'{"texts": [', "application/json", "body"),
+    ("json-nan-literal", b'{"task": "generate", "temperature": NaN}', "application/json", "body"),
+    ("json-infinity-literal", b'{"task": "generate", "top_p": -Infinity}', "application/json", "body"),
+    ("json-deep", b"[" * 30_000 + b"]" * 30_000, "application/json", "body"),
+    ("json-huge-int", b'{"task": "generate", "seed": 1' + b"0" * 5000 + b"}", "application/json", "body"),
+    ("json-escaped-surrogate-key", b'{"texts": ["a"], "\\ud800": 1}', "application/json", "'\\ud800'"),
+    ("json-escaped-surrogate-text", b'{"texts": ["\\udfff"]}', "application/json", "texts[0]"),
+    ("json-escaped-surrogate-prompt", b'{"task": "generate", "prompt": "\\ud800"}', "application/json", "prompt"),
+    ("json-tiny-temperature", b'{"task": "generate", "temperature": 1e-39}', "application/json", "temperature"),
+    ("json-tiny-top-p", b'{"task": "generate", "top_p": 1e-300}', "application/json", None),  # valid: see below
+    ("form-body", b"text=the+cat&x=%zz", "application/x-www-form-urlencoded", "Content-Type"),
+    ("octet-stream", b"the cat", "application/octet-stream", "Content-Type"),
+    ("str-with-surrogate", "the \ud800", "text/plain", "body"),
+    ("not-bytes", 42, "application/json", "body"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_PAYLOADS, ids=[c[0] for c in BAD_PAYLOADS])
+def test_bad_payload_names_its_field_and_encodes(case):
+    _, payload, field = case
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(payload, LIMITS)
+    err = info.value
+    assert err.field == field, err.message
+    assert err.message.startswith(field)
+    body = json.loads(to_json(error_body(err)))
+    assert body["code"] == 400 and body["field"] == field
+
+
+@pytest.mark.parametrize("case", BAD_BODIES, ids=[c[0] for c in BAD_BODIES])
+def test_bad_body_names_its_field(case):
+    _, raw, content_type, field = case
+    if field is None:  # a tiny top_p is a valid request: the sampler always keeps the most likely token
+        assert isinstance(parse_body(raw, content_type, LIMITS), GenerateRequest)
+        return
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(raw, content_type, LIMITS)
+    assert info.value.field == field, info.value.message
+    to_json(error_body(info.value)).decode("utf-8")
+
+
+def test_good_requests_and_integral_floats():
+    req = parse_request({"texts": ["the cat", "a dog"], "return_tokens": True}, LIMITS)
+    assert isinstance(req, ScoreRequest) and req.texts == ("the cat", "a dog") and req.return_tokens
+    assert parse_body(b"the cat", "text/plain; charset=utf-8", LIMITS).texts == ("the cat",)
+    assert parse_body(b"the cat", "", LIMITS).texts == ("the cat",)
+    gen = parse_request(dict(GEN, prompt="", max_new_tokens=3.0, temperature=0, seed=None), LIMITS)
+    assert gen.sampling == SamplingParams(max_new_tokens=3, temperature=0.0)
+    assert isinstance(gen.sampling.max_new_tokens, int)
+
+
+def test_truncation_is_a_warning_when_the_deployment_asks_for_it():
+    lim = Limits(max_chars=10, max_total_chars=100, truncate=True)
+    req = parse_request({"text": "x" * 30}, lim)
+    assert req.texts == ("x" * 10,) and req.warnings == ("text has 30 characters; only the first 10 were used",)
+    with pytest.raises(InvalidRequest, match="limit is 10"):
+        parse_request({"text": "x" * 30}, Limits(max_chars=10))
+
+
+def test_limits_from_config_checked():
+    assert Limits.from_mapping({"max_texts": 3, "other": 1}).max_texts == 3
+    with pytest.raises(InvalidRequest, match="max_texts"):
+        Limits.from_mapping({"max_texts": "many"})
+    with pytest.raises(InvalidRequest, match="max_new_tokens"):
+        Limits.from_mapping({"max_new_tokens": 10**6})
+
+
+def test_to_json_never_fails():
+    assert json.loads(to_json({"a": math.nan, "b": [math.inf, 1.5]})) == {"a": None, "b": [None, 1.5]}
+    assert json.loads(to_json({"k": "\ud800"})) == {"k": "\ud800"}  # escaped ASCII JSON, still parseable
+    assert to_json({"k": "é"}) == '{"k": "é"}'.encode()
+
+
+@pytest.fixture
+def service(tiny_checkpoint) -> Service:
+    return Service(ZooModel.from_pretrained(tiny_checkpoint), LIMITS)
+
+
+def test_score_batch_equals_each_alone(service):
+    reqs = [parse_request({"texts": ["the cat sat", "a dog ran on the mat"]}, LIMITS),
+            parse_request({"text": "mr. cat 's mat", "return_tokens": True}, LIMITS)]
+    batched = service.score(reqs)
+    for req, reply in zip(reqs, batched, strict=True):
+        alone = service.score([req])[0]
+        assert reply["corpus"]["num_tokens"] == alone["corpus"]["num_tokens"]
+        assert reply["corpus"]["nll"] == pytest.approx(alone["corpus"]["nll"], rel=1e-5)
+    assert "tokens" in batched[1]["texts"][0] and "tokens" not in batched[0]["texts"][0]
+    assert batched[0]["warnings"] == [] and batched[0]["corpus"]["num_texts"] == 2
+
+
+class _FailsOn:
+    """The real model, except that scoring one given text raises: a bug that only one request triggers."""
+
+    def __init__(self, model: ZooModel, poison: str):
+        self.model, self.poison = model, poison
+
+    def score(self, texts, **kw):
+        if self.poison in texts:
+            raise RuntimeError("boom")
+        return self.model.score(texts, **kw)
+
+
+def test_a_failing_request_fails_alone(service):
+    model = service.model
+    poisoned = Service(_FailsOn(model, "the dog ran"), LIMITS)
+    reqs = [ScoreRequest(("the cat",)), ScoreRequest(("the dog ran",)), ScoreRequest(("a mat", "on the mat"))]
+    replies = poisoned.score(reqs)
+    assert isinstance(replies[1], Exception)
+    for i in (0, 2):
+        assert replies[i]["corpus"] == service.score([reqs[i]])[0]["corpus"]
+
+
+def test_generation_survives_extreme_but_valid_sampling(service):
+    for kw in ({"top_p": 1e-300}, {"top_p": 1e-45, "temperature": 1e-6}, {"temperature": 100.0, "top_k": 1},
+               {"temperature": 1e-6}):
+        req = parse_request(dict(GEN, prompt="the cat", max_new_tokens=5, seed=3, stop_at_eos=False, **kw),
+                            LIMITS)
+        out = service.generate(req)
+        assert out["num_tokens"] == 5, kw
+    greedy = service.generate(parse_request(dict(GEN, prompt="the", max_new_tokens=6, temperature=0,
+                                                 stop_at_eos=False), LIMITS))
+    tiny_top_p = service.generate(parse_request(dict(GEN, prompt="the", max_new_tokens=6, top_p=1e-30, seed=1,
+                                                     stop_at_eos=False), LIMITS))
+    assert greedy["text"] == tiny_top_p["text"]  # keeping only the top token is greedy decoding
+
+
+def test_seeded_fuzz_never_escapes_the_core(service):
+    """2,000 random payloads (mutated good requests, random JSON, random bytes): every one is a validated
+    request that the service answers, or an InvalidRequest; every reply encodes as UTF-8 JSON."""
+    rng = random.Random(1234)
+    atoms = [None, True, False, 0, 1, -1, 2**63, 10**400, 0.5, -0.0, 1e-320, 1e308, math.nan, math.inf, "",
+             " ", "the cat", "\ud800", "\x00", "\u202e", "🚀", "a" * 300, [], [1], {}, {"a": 1}]
+    keys = ["task", "texts", "text", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+            "stream", "stop_at_eos", "return_tokens", "\ud800", "x"]
+    counts = {"ok": 0, "invalid": 0}
+    for _ in range(2000):
+        kind = rng.random()
+        if kind < 0.15:
+            raw: bytes | str = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40)))
+            ctype = rng.choice(["application/json", "text/plain", "", "application/x-www-form-urlencoded"])
+        else:
+            payload: dict = {"task": rng.choice(["score", "generate", "score", "x", 3])}
+            for k in rng.sample(keys, rng.randrange(0, 5)):
+                payload[k] = rng.choice(atoms + [["the cat", rng.choice(atoms)], "the dog"])
+            if kind < 0.6:  # one field of a good request changed, often to a good value
+                payload = {"texts": ["the cat sat"]} if payload["task"] == "score" else dict(GEN)
+                key = rng.choice(keys)
+                payload[key] = rng.choice(atoms + [3, 0.9, 10, "the dog", ["a cat", "the mat"], True])
+            raw = json.dumps(payload, allow_nan=True)
+            ctype = "application/json"
+        try:
+            req = parse_body(raw, ctype, LIMITS)
+        except InvalidRequest as e:
+            to_json(error_body(e)).decode("utf-8")
+            counts["invalid"] += 1
+            continue
+        if isinstance(req, ScoreRequest):
+            reply = service.score([req])[0]
+            assert not isinstance(reply, Exception)
+        else:
+            reply = service.generate(GenerateRequest(req.prompt, SamplingParams(
+                max_new_tokens=min(req.sampling.max_new_tokens, 3), temperature=req.sampling.temperature,
+                top_k=req.sampling.top_k, top_p=req.sampling.top_p, seed=req.sampling.seed)))
+        to_json(reply).decode("utf-8")
+        counts["ok"] += 1
+    assert counts["ok"] > 100 and counts["invalid"] > 500, counts
+
+
+def test_cli_limits_have_no_size_caps_but_the_same_types():
+    req = parse_request({"texts": ["the cat " * 10_000] * 100}, CLI_LIMITS)
+    assert len(req.texts) == 100
+    with pytest.raises(InvalidRequest, match="surrogate"):
+        parse_request({"texts": ["\udcff"]}, CLI_LIMITS)

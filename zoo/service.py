@@ -1,0 +1,287 @@
+"""One request schema and one service core for every front end: the TorchServe handler, the Gradio demo, the CLI.
+
+Why: validation used to be written three times (the handler, ``app.py``, ``SamplingParams``), so one bad value
+had three behaviours, and a request the handler did not foresee (a lone surrogate in a JSON key) raised out of
+it and failed every request of its batch. Here:
+
+* :func:`parse_request` / :func:`parse_body` turn what a client sent into a :class:`ScoreRequest` or
+  :class:`GenerateRequest`, or raise :class:`~zoo.errors.InvalidRequest` naming the field (a 400 over HTTP,
+  exit 2 on the CLI, a readable error in the demo). The value checks are :mod:`zoo.validate`'s, the sampling
+  ranges :class:`~zoo.generation.SamplingParams`'s: each rule is written once.
+* :class:`Service` runs validated requests on one model with per-request isolation: a batch of score requests
+  goes through one ``ZooModel.score`` call, and if that fails, each request is retried alone so only the
+  culprit fails. Nothing a client sends escapes as an exception.
+* :func:`to_json` encodes any reply (NaN/Infinity become null; nothing can fail to encode).
+
+Framework-free: no TorchServe, no Gradio imports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from zoo.errors import InvalidRequest
+from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
+from zoo.scoring import summarize
+from zoo.validate import as_bool, as_int, check_text, surrogate_position
+
+log = logging.getLogger(__name__)
+
+JSON_TYPE = "application/json"
+SCORE_FIELDS = ("task", "texts", "text", "return_tokens")
+GENERATE_FIELDS = ("task", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_at_eos",
+                   "stream")
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_at_eos")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one deployment accepts. The defaults are the HTTP server's; the demo narrows them to its sliders.
+
+    ``truncate``: cut an over-long text to ``max_chars`` with a warning instead of refusing it.
+    """
+
+    max_texts: int = 64
+    max_chars: int = 10_000
+    max_total_chars: int = 100_000
+    max_prompt_chars: int = 10_000
+    max_new_tokens: int = 512
+    max_temperature: float = MAX_TEMPERATURE
+    max_top_k: int | None = None
+    truncate: bool = False
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any]) -> Limits:
+        """From a config section (the archive's ``handler:`` yaml): known keys only, values checked."""
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in cfg:
+                value = cfg[f.name]
+                if f.name == "truncate":
+                    kw[f.name] = as_bool(value, f.name)
+                elif f.name == "max_temperature":
+                    kw[f.name] = float(value)
+                else:
+                    kw[f.name] = as_int(value, f.name, 1)
+        lim = cls(**kw)
+        if lim.max_new_tokens > MAX_NEW_TOKENS_LIMIT:
+            raise InvalidRequest("max_new_tokens", f"limit {lim.max_new_tokens} is above the library's "
+                                                   f"{MAX_NEW_TOKENS_LIMIT}")
+        return lim
+
+
+#: The command line's limits: the schema's types and ranges, no size caps (the user's own machine).
+CLI_LIMITS = Limits(max_texts=10**9, max_chars=10**12, max_total_chars=10**12, max_prompt_chars=10**12,
+                    max_new_tokens=MAX_NEW_TOKENS_LIMIT)
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    texts: tuple[str, ...]
+    return_tokens: bool = False
+    warnings: tuple[str, ...] = ()
+    task: str = field(default="score", init=False)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt: str
+    sampling: SamplingParams
+    stream: bool = False
+    warnings: tuple[str, ...] = ()
+    task: str = field(default="generate", init=False)
+
+
+Request = ScoreRequest | GenerateRequest
+
+
+# -- parsing -------------------------------------------------------------------------------------------------
+def _field_name(key: Any) -> str:
+    """A client's key as it can be shown back (a key with a lone surrogate is shown escaped)."""
+    if not isinstance(key, str):
+        return ascii(key)
+    return key if surrogate_position(key) is None and key.isprintable() and len(key) <= 64 else ascii(key)[:66]
+
+
+def parse_request(payload: Any, limits: Limits = Limits()) -> Request:
+    """A decoded JSON object (or the demo's/CLI's keyword dict) -> a validated request."""
+    if not isinstance(payload, Mapping):
+        raise InvalidRequest("body", f"expected a JSON object, got {type(payload).__name__}")
+    task = payload.get("task", "score")
+    if task not in ("score", "generate"):
+        raise InvalidRequest("task", f"unknown task {_field_name(task)}; use 'score' or 'generate'")
+    allowed = SCORE_FIELDS if task == "score" else GENERATE_FIELDS
+    unknown = sorted(_field_name(k) for k in payload if k not in allowed)
+    if unknown:
+        raise InvalidRequest(unknown[0], f"is not a field of task {task!r} (allowed: {', '.join(allowed)})")
+    return parse_score(payload, limits) if task == "score" else parse_generate(payload, limits)
+
+
+def parse_score(payload: Mapping[str, Any], limits: Limits = Limits()) -> ScoreRequest:
+    if "texts" in payload and "text" in payload:
+        raise InvalidRequest("texts", "give either texts or text, not both")
+    warnings: list[str] = []
+    if "text" in payload:
+        text, warns = check_text(payload["text"], "text", limits.max_chars, truncate=limits.truncate)
+        texts, warnings = [text], warns
+    else:
+        if "texts" not in payload:
+            raise InvalidRequest("texts", "is missing: give a list of strings to score")
+        raw = payload["texts"]
+        if not isinstance(raw, list | tuple):
+            raise InvalidRequest("texts", f"must be a list of strings, got {type(raw).__name__}")
+        if not raw:
+            raise InvalidRequest("texts", "is an empty list")
+        if len(raw) > limits.max_texts:
+            raise InvalidRequest("texts", f"has {len(raw)} texts; the limit is {limits.max_texts} per request")
+        texts = []
+        for i, t in enumerate(raw):
+            text, warns = check_text(t, f"texts[{i}]", limits.max_chars, truncate=limits.truncate)
+            texts.append(text)
+            warnings += warns
+    total = sum(len(t) for t in texts)
+    if total > limits.max_total_chars:
+        raise InvalidRequest("texts", f"has {total:,} characters in all; the limit is {limits.max_total_chars:,} "
+                                      "per request")
+    return ScoreRequest(tuple(texts), as_bool(payload.get("return_tokens", False), "return_tokens"),
+                        tuple(warnings))
+
+
+def parse_generate(payload: Mapping[str, Any], limits: Limits = Limits()) -> GenerateRequest:
+    prompt, warnings = check_text(payload.get("prompt", ""), "prompt", limits.max_prompt_chars, allow_empty=True,
+                                  truncate=limits.truncate)
+    sampling = {k: payload[k] for k in SAMPLING_FIELDS if k in payload and payload[k] is not None}
+    if "max_new_tokens" not in sampling:  # the library's default, within this deployment's cap
+        sampling["max_new_tokens"] = min(SamplingParams.max_new_tokens, limits.max_new_tokens)
+    params = SamplingParams(**sampling)  # the library's ranges (raises InvalidRequest naming the field)
+    if params.max_new_tokens > limits.max_new_tokens:
+        raise InvalidRequest("max_new_tokens", f"must be an integer between 0 and {limits.max_new_tokens} here, "
+                                               f"got {params.max_new_tokens}")
+    if params.temperature > limits.max_temperature:
+        raise InvalidRequest("temperature", f"must be at most {limits.max_temperature:g} here, "
+                                            f"got {params.temperature:g}")
+    if limits.max_top_k is not None and params.top_k > limits.max_top_k:
+        raise InvalidRequest("top_k", f"must be an integer between 0 and {limits.max_top_k} here, "
+                                      f"got {params.top_k}")
+    return GenerateRequest(prompt, params, as_bool(payload.get("stream", False), "stream"), tuple(warnings))
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_body(raw: bytes | bytearray | str | None, content_type: str = "",
+               limits: Limits = Limits()) -> Request:
+    """An HTTP body: ``application/json`` (a request object) or ``text/plain`` / no type (one text to score)."""
+    if isinstance(raw, str):
+        pos = surrogate_position(raw)
+        if pos is not None:
+            raise InvalidRequest("body", f"not valid UTF-8 (an unpaired surrogate at character {pos})")
+        raw = raw.encode("utf-8")
+    if not isinstance(raw, bytes | bytearray):
+        raise InvalidRequest("body", "send a JSON object (Content-Type: application/json) or text/plain")
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media and media != JSON_TYPE and not media.startswith("text/"):
+        raise InvalidRequest("Content-Type", f"unsupported {media!r}; send application/json or text/plain")
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest("body", f"not valid UTF-8 (byte {e.start})") from None
+    if media != JSON_TYPE:
+        body, warnings = check_text(text, "body", limits.max_chars, truncate=limits.truncate)
+        return ScoreRequest((body,), warnings=tuple(warnings))
+    try:
+        payload = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise InvalidRequest("body", "JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity literals, integers over Python's digit limit
+        raise InvalidRequest("body", f"not valid JSON ({_short(str(e))})") from None
+    return parse_request(payload, limits)
+
+
+def _short(msg: str, n: int = 120) -> str:
+    msg = msg.encode("ascii", "backslashreplace").decode("ascii")
+    return msg if len(msg) <= n else msg[: n - 3] + "..."
+
+
+# -- replies -------------------------------------------------------------------------------------------------
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def to_json(obj: Any) -> bytes:
+    """UTF-8 JSON any client can parse: NaN/Infinity -> null; if anything cannot be encoded as UTF-8 (which
+    validation should have made impossible), the reply is escaped ASCII JSON rather than an exception."""
+    clean = _finite(obj)
+    try:
+        return json.dumps(clean, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(clean, ensure_ascii=True).encode("ascii")
+
+
+def error_body(err: InvalidRequest) -> dict[str, Any]:
+    return {"code": 400, "type": "BadRequest", "field": err.field, "message": err.message}
+
+
+# -- running requests ----------------------------------------------------------------------------------------
+class Service:
+    """Runs validated requests on one loaded model (``ZooModel``); each request succeeds or fails alone."""
+
+    def __init__(self, model: Any, limits: Limits = Limits()):
+        self.model = model
+        self.limits = limits
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[dict[str, Any] | Exception]:
+        """One reply per request, in order: ``{"texts", "corpus", "warnings"}``, or the exception that request
+        alone raised. All texts go through one batched library call first (batched scores equal unbatched ones
+        to float tolerance); if it fails, each request is scored alone so the others are still answered."""
+        if not requests:
+            return []
+        texts = [t for r in requests for t in r.texts]
+        try:
+            report = self.model.score(texts, return_tokens=any(r.return_tokens for r in requests))
+        except Exception:
+            if len(requests) == 1:
+                log.exception("scoring failed")
+                return [RuntimeError("scoring failed")]
+            return [reply for r in requests for reply in self.score([r])]
+        out: list[dict[str, Any] | Exception] = []
+        pos = 0
+        for r in requests:
+            results = report.texts[pos:pos + len(r.texts)]
+            pos += len(r.texts)
+            if not r.return_tokens:
+                results = [{k: v for k, v in res.items() if k != "tokens"} for res in results]
+            out.append({"texts": results, "corpus": corpus_of(results, r.texts), "warnings": list(r.warnings)})
+        return out
+
+    def stream(self, request: GenerateRequest) -> Iterator[str]:
+        """The generated pieces (their concatenation is the continuation)."""
+        return self.model.stream(request.prompt, **{f.name: getattr(request.sampling, f.name)
+                                                    for f in fields(SamplingParams)})
+
+    def generate(self, request: GenerateRequest) -> dict[str, Any]:
+        parts = list(self.stream(request))
+        return {"prompt": request.prompt, "text": "".join(parts), "num_tokens": len(parts),
+                "warnings": list(request.warnings)}
+
+
+def corpus_of(results: list[dict[str, Any]], texts: Sequence[str]) -> dict[str, Any]:
+    """The token-weighted aggregate over one request's texts (what ``zoo.scoring.score_texts`` reports)."""
+    corpus = summarize(sum(r["nll"] for r in results), sum(r["num_tokens"] for r in results),
+                       sum(len(t) for t in texts))
+    corpus["num_texts"] = len(results)
+    corpus["oov"] = sum(r["oov"] for r in results)
+    corpus["num_unk"] = sum(r["num_unk"] for r in results)
+    return corpus
