@@ -457,6 +457,69 @@ def test_worker_killed_mid_run_recovers(server):
     assert codes, "no request was in flight"
 
 
+def _war(path: Path) -> Path:
+    """A workflow archive whose handler, if TorchServe ever loaded it, would write a marker file."""
+    marker = path.parent / "workflow-code-ran"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("workflow.yaml", "models:\n  m:\n    url: m.mar\ndag:\n  pre: [m]\n")
+        z.writestr("handler.py", f"open({str(marker)!r}, 'w').write('ran')\ndef pre(data, context):\n"
+                                 "    return data\n")
+        z.writestr("MAR-INF/MANIFEST.json", json.dumps({"workflow": {"workflowName": "evil",
+                                                                      "specFile": "workflow.yaml",
+                                                                      "handler": "handler.py"}}))
+    return path
+
+
+def test_workflow_api_cannot_register_code(server, tmp_path):
+    """TorchServe's Workflow API is not covered by enable_model_api=false: a .war registered through it runs
+    its handler in a worker. The server refuses every registration, with the management key, by URL or path
+    (``../`` included), twice, and no file lands in any store."""
+    war = _war(tmp_path / "evil.war")
+    headers = {"Authorization": f"Bearer {server.management_key}"}
+    store = server.run_dir / "model-store"
+    before = sorted(p.name for p in store.iterdir())
+    up = "../" * (len(store.parts) - 1)  # from the store up to / and down to the archive
+    for url in (f"file://{war}", f"{up}{war.relative_to(war.anchor)}", "evil.war", f"file://{store}/{up}{war}"):
+        for _ in range(2):
+            r = server.http.post(f"{server.management}/workflows", params={"url": url, "workflow_name": "evil"},
+                                 headers=headers, timeout=HTTP_TIMEOUT)
+            assert 400 <= r.status_code < 500, (url, r.status_code, r.text)
+    assert sorted(p.name for p in store.iterdir()) == before
+    assert not list(server.run_dir.rglob("*.war")) and not (tmp_path / "workflow-code-ran").exists()
+    listed = server.http.get(f"{server.management}/workflows", headers=headers, timeout=HTTP_TIMEOUT)
+    assert listed.status_code >= 400 or listed.json().get("workflows", []) == []
+
+
+def test_wrong_methods_are_refused(server):
+    """GET/DELETE/PUT on a predictions URL never run as a scoring request: 4xx, the worker untouched."""
+    pid = server.workers()[0]["pid"]
+    headers = {"Authorization": f"Bearer {server.key}"}
+    for method in ("GET", "DELETE", "PUT", "PATCH"):
+        r = server.http.request(method, server.url, headers=headers, timeout=HTTP_TIMEOUT)
+        assert 400 <= r.status_code < 500, (method, r.status_code, r.text)
+    assert server.workers()[0]["pid"] == pid
+
+
+def test_refresh_keys_and_a_refused_key_explained(server, capsys):
+    """Keys expire (--token-expiration-min): `zoo serve refresh-keys` gets new ones through the API key, and
+    `zoo serve status` says what to do when the key file's key is refused instead of a bare 'HTTP 400'."""
+    key_file = server.run_dir / "key_file.json"
+    old = json.loads(key_file.read_text())
+    code, out, _ = _cli(capsys, "serve", "refresh-keys", "--run-dir", str(server.run_dir))
+    assert code == 0 and "new keys" in out and "inference until" in out
+    new = json.loads(key_file.read_text())
+    assert new["inference"]["key"] != old["inference"]["key"]
+    assert server.post({"texts": ["the cat"]}).status_code in (400, 401, 403)  # the old key is gone
+    server.key, server.management_key = new["inference"]["key"], new["management"]["key"]
+    assert server.post({"texts": ["the cat"]}).status_code == 200
+    try:
+        key_file.write_text(json.dumps({**new, "inference": {**new["inference"], "key": "stale123"}}))
+        code, out, _ = _cli(capsys, "serve", "status", "--run-dir", str(server.run_dir))
+        assert "was refused" in out and "zoo serve refresh-keys --run-dir" in out, out
+    finally:
+        key_file.write_text(json.dumps(new))
+
+
 def test_stop_by_pid(server, capsys):
     info = json.loads(_cli(capsys, "serve", "status", "--run-dir", str(server.run_dir), "--json")[1])
     pids = [info["pid"]] + [w["pid"] for w in info["models"][server.name]]
@@ -561,3 +624,4 @@ def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch,
         assert [t["nll"] for t in r.json()["texts"]] == pytest.approx([t["nll"] for t in eager.texts], rel=1e-4)
     finally:
         stop_server(run_dir)
+

@@ -143,6 +143,33 @@ def read_keys(run_dir: Path) -> dict[str, str]:
             if isinstance(data.get(kind), dict) and "key" in data[kind]}
 
 
+def key_expiry(run_dir: Path) -> dict[str, str]:
+    """When each expiring key runs out (ISO 8601, as TorchServe wrote it)."""
+    try:
+        data = json.loads((run_dir / KEY_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {kind: str(data[kind]["expiration time"]) for kind in ("inference", "management")
+            if isinstance(data.get(kind), dict) and "expiration time" in data[kind]}
+
+
+def refresh_keys(run_dir: Path) -> dict[str, str]:
+    """New inference and management keys from the running server (TorchServe's token API, authorised by the
+    non-expiring API key); TorchServe rewrites the key file. Returns the new expiry times."""
+    state = read_state(run_dir)
+    if server_process(state) is None or state is None:
+        raise ServeError(f"no server running from {run_dir}")
+    api = read_keys(run_dir).get("API")
+    if not api:
+        raise ServeError(f"no API key in {run_dir / KEY_FILE} (token authorisation off?)")
+    management = ServerConfig(**state["config"]).url("management")
+    for kind in ("inference", "management"):
+        code, body = _http(f"{management}/token?type={kind}", api)
+        if code != 200:
+            raise ServeError(f"refreshing the {kind} key failed: HTTP {code} {body[:200]!r}")
+    return key_expiry(run_dir)
+
+
 # -- archives ---------------------------------------------------------------------------------------------------
 def resolve_checkpoint(source: str) -> Path:
     """A checkpoint directory for a catalogue name, ``default``, or a path (Hub-aware when zoo.hub exists)."""
@@ -259,6 +286,16 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def _no_workflows(run_dir: Path) -> Path:
+    """The workflow store: an empty regular file, not a folder, so TorchServe can copy no workflow archive in
+    (its Workflow API ignores ``enable_model_api=false``, and a .war's handler is code)."""
+    path = run_dir / "workflow-store-disabled"
+    if path.is_dir():
+        shutil.rmtree(path)
+    path.write_bytes(b"")
+    return path
+
+
 def _free_port(host: str, avoid: set[int]) -> int:
     """A port the OS reports free on ``host`` now (not one of ``avoid``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -373,7 +410,7 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
     (run_dir / KEY_FILE).unlink(missing_ok=True)
     metrics_cfg = shutil.copy(SERVING_DIR / "metrics.yaml", run_dir / "metrics.yaml")
     conf = _render(SERVING_DIR / "config.properties", run_dir / "config.properties", {
-        **asdict(cfg), "model_store": store, "metrics_config": metrics_cfg,
+        **asdict(cfg), "model_store": store, "metrics_config": metrics_cfg, "workflow_store": _no_workflows(run_dir),
         "load_models": ",".join(f"{n}={n}.mar" for n in names),
         "response_timeout": (options or ArchiveOptions()).response_timeout})
     import ts
@@ -446,6 +483,10 @@ def server_status(run_dir: Path) -> dict[str, Any]:
     cfg = ServerConfig(**state["config"])
     code, body = _http(f"{cfg.url('inference')}/ping", read_keys(run_dir).get("inference"))
     health = json.loads(body).get("status") if code == 200 else f"HTTP {code}" if code else "no answer"
+    if code in (400, 401, 403) and read_keys(run_dir):  # TorchServe answers a bad or expired key with 400
+        expiry = key_expiry(run_dir).get("inference", "?")
+        health = (f"HTTP {code}: the inference key in {run_dir / KEY_FILE} was refused (expiry {expiry}); run "
+                  f"`zoo serve refresh-keys --run-dir {run_dir}` for new keys")
     models = {n: [{"pid": w.get("pid"), "status": w.get("status")} for w in model_workers(cfg, run_dir, n)]
               for n in cfg.models}
     return {**state, "running": True, "health": health, "models": models}
@@ -505,6 +546,13 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     run_dir = run_dir_of(args.run_dir)
     print("TorchServe stopped" if stop_server(run_dir) else f"no server running from {run_dir}")
+    return 0
+
+
+def cmd_refresh_keys(args: argparse.Namespace) -> int:
+    run_dir = run_dir_of(args.run_dir)
+    expiry = refresh_keys(run_dir)
+    print(f"new keys in {run_dir / KEY_FILE}: " + ", ".join(f"{k} until {v}" for k, v in expiry.items()))
     return 0
 
 
@@ -577,6 +625,11 @@ def add(subparsers) -> None:
     sp = sub.add_parser("stop", help="stop the server of a run dir (by its PID)")
     sp.add_argument("--run-dir", help=run_dir_help)
     sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser("refresh-keys", help="new inference and management keys for a running server (they "
+                        "expire after --token-expiration-min)")
+    sp.add_argument("--run-dir", help=run_dir_help)
+    sp.set_defaults(func=cmd_refresh_keys)
 
     sp = sub.add_parser("status", help="is it running, where are its logs and key file (exit 1 if not running)")
     sp.add_argument("--run-dir", help=run_dir_help)
