@@ -359,11 +359,13 @@ def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
         return report, _summary_md(results, diff, notice), "\n".join(blocks)
 
     def generate(prompt: str, model: str, max_new_tokens: float = 50, temperature: float = 1.0,
-                 top_k: float = 0, top_p: float = 1.0, seed: float | None = 0) -> Iterator[str]:
+                 top_k: float = 0, top_p: float = 1.0, seed: float | None = 0, stop_at_eos: bool = False,
+                 no_unk: bool = True) -> Iterator[str]:
         """Stream the continuation of ``prompt``, one token at a time (each yield is the text so far)."""
         req = parse({"task": "generate", "prompt": "" if prompt is None else prompt,
                      "max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                     "seed": None if seed is None or seed == -1 else seed})
+                     "seed": None if seed is None or seed == -1 else seed, "stop_at_eos": stop_at_eos,
+                     "allow_unk": not no_unk})
         for w in req.warnings:
             gr.Warning(f"{w}.")
         service = Service(registry.get(registry.check(model)), LIMITS)
@@ -488,10 +490,14 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
                     g_p = gr.Slider(0.05, 1.0, value=0.95, step=0.01, label="top-p")
                     g_seed = gr.Number(value=0, precision=0, label="seed (-1 = random)")
                 with gr.Row():
+                    g_eos = gr.Checkbox(value=False, label="stop at the end of the sentence (else each end of "
+                                                           "sentence is a line break and generation goes on)")
+                    g_unk = gr.Checkbox(value=True, label="never generate <unk> (the unknown-word token)")
+                with gr.Row():
                     g_btn = gr.Button("Generate", variant="primary", elem_id="gen-btn")
                     g_stop = gr.Button("Stop")
                 g_out = gr.Textbox(label="Continuation", lines=6, elem_id="gen-out")
-                ev = g_btn.click(h["generate"], [g_prompt, g_model, g_n, g_temp, g_k, g_p, g_seed], g_out,
+                ev = g_btn.click(h["generate"], [g_prompt, g_model, g_n, g_temp, g_k, g_p, g_seed, g_eos, g_unk], g_out,
                                  api_name="generate", time_limit=300, **cpu)
                 g_stop.click(None, None, None, cancels=[ev])
 

@@ -44,10 +44,24 @@ def test_stream_concatenates_to_generate(model):
     assert "".join(model.stream("a dog", **kw)) == model.generate("a dog", **kw)
 
 
-def test_max_new_tokens_and_eos_stop(model):
-    assert len(model.generate_ids("", max_new_tokens=7, seed=0, stop_at_eos=False)) == 7
-    ids = model.generate_ids("", max_new_tokens=200, seed=0)
-    assert model.tokenizer.eos_id not in ids
+def test_max_new_tokens_means_that_many_and_eos_stop_is_asked_for(model):
+    eos = model.tokenizer.eos_id
+    for seed in range(5):  # the default: exactly max_new_tokens, <eos> included as a token (a line break)
+        ids = model.generate_ids("", max_new_tokens=60, seed=seed)
+        assert len(ids) == 60
+    assert eos in ids
+    pieces = list(model.stream("", max_new_tokens=60, seed=seed))
+    assert len(pieces) == 60 and "\n" in pieces and "<eos>" not in "".join(pieces)
+    stopped = model.generate_ids("", max_new_tokens=60, seed=seed, stop_at_eos=True)
+    assert stopped == ids[:ids.index(eos)]  # the same sample, cut at its first <eos>
+
+
+def test_allow_unk_false_never_samples_unk(model):
+    unk = model.tokenizer.unk_id
+    assert unk in model.generate_ids("the", max_new_tokens=300, seed=2, temperature=2.0)
+    for seed in range(3):
+        assert unk not in model.generate_ids("the", max_new_tokens=300, seed=seed, temperature=2.0, allow_unk=False)
+    assert SamplingParams().allow_unk and not SamplingParams().stop_at_eos
 
 
 def test_top_p_keeps_the_smallest_nucleus():

@@ -132,10 +132,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     req = parse_generate({"prompt": args.prompt, "max_new_tokens": args.max_new_tokens,
                           "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                          "seed": args.seed}, CLI_LIMITS)  # checked before the model loads
+                          "seed": args.seed, "stop_at_eos": args.stop_at_eos, "allow_unk": not args.no_unk},
+                         CLI_LIMITS)  # checked before the model loads
     pieces = Service(_load(args), CLI_LIMITS).stream(req)
     if args.json:
-        print(json.dumps({"prompt": args.prompt, "text": "".join(pieces)}))
+        parts = list(pieces)
+        print(json.dumps({"prompt": args.prompt, "text": "".join(parts), "num_tokens": len(parts)}))
         return 0
     for piece in pieces:
         sys.stdout.write(piece)
@@ -306,13 +308,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_score)
 
     sp = model_cmd("generate", "sample text")
-    sp.add_argument("--prompt", default="")
-    sp.add_argument("--max-new-tokens", type=int, default=50)
-    sp.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    sp.add_argument("--top-k", type=int, default=0)
-    sp.add_argument("--top-p", type=float, default=1.0)
-    sp.add_argument("--seed", type=int)
-    sp.add_argument("--json", action="store_true")
+    sp.add_argument("--prompt", default="", help="text to continue (default: start of a new sentence)")
+    sp.add_argument("--max-new-tokens", type=int, default=50,
+                    help="tokens to generate (an end of sentence counts as one and prints as a line break)")
+    sp.add_argument("--stop-at-eos", action="store_true", help="stop at the first end of sentence instead")
+    sp.add_argument("--no-unk", action="store_true", help="never generate <unk>")
+    sp.add_argument("--temperature", type=float, default=1.0,
+                    help="0 = greedy; else in [1e-6, 100]: lower is more conservative")
+    sp.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = all)")
+    sp.add_argument("--top-p", type=float, default=1.0,
+                    help="sample among the most likely tokens whose probability reaches p (nucleus; 1 = all)")
+    sp.add_argument("--seed", type=int, help="random seed (default: fresh randomness)")
+    sp.add_argument("--json", action="store_true", help="one JSON object: prompt, text, num_tokens")
     sp.set_defaults(func=cmd_generate)
 
     sp = model_cmd("eval", "standard corpus perplexity of a benchmark split")

@@ -29,7 +29,9 @@ MAX_TEMPERATURE = 100.0
 class SamplingParams:
     """Validated sampling settings (the one schema every front end uses; see ``zoo.service``).
 
-    ``temperature == 0`` means greedy decoding. ``stop_at_eos`` ends generation at the first ``<eos>``.
+    ``max_new_tokens`` is how many tokens are generated: ``<eos>`` is a token like any other (it renders as a
+    line break) unless ``stop_at_eos``, which ends generation at the first one. ``temperature == 0`` means
+    greedy decoding. ``allow_unk=False`` never produces ``<unk>`` (its probability is moved to the rest).
     Bad values raise :class:`zoo.errors.InvalidRequest` (a ``ValueError``) naming the field.
     """
 
@@ -38,7 +40,8 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
-    stop_at_eos: bool = True
+    stop_at_eos: bool = False
+    allow_unk: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise integral floats (slider values) to int once, here
@@ -53,6 +56,7 @@ class SamplingParams:
         if self.seed is not None:
             set_(self, "seed", as_int(self.seed, "seed", 0, 2**63 - 1))
         as_bool(self.stop_at_eos, "stop_at_eos")
+        as_bool(self.allow_unk, "allow_unk")
 
 
 def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -72,7 +76,7 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
 
 @torch.no_grad()
 def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams) -> Iterator[int]:
-    """Yield generated token ids one by one (``<eos>`` ends generation when ``stop_at_eos``)."""
+    """Yield generated token ids one by one: ``max_new_tokens`` of them, unless ``stop_at_eos`` and ``<eos>``."""
     gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     context = [tokenizer.eos_id] + tokenizer.encode(prompt, add_eos=False).ids
     state = runner.init_state(1)
@@ -82,6 +86,8 @@ def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams
     for _ in range(params.max_new_tokens):
         logits, state = runner.step(token, state)
         logits = logits[0].float()
+        if not params.allow_unk and tokenizer.unk_id is not None:
+            logits[tokenizer.unk_id] = float("-inf")
         if params.temperature == 0:
             nxt = int(torch.argmax(logits))
         else:

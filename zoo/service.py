@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 JSON_TYPE = "application/json"
 SCORE_FIELDS = ("task", "texts", "text", "return_tokens")
 GENERATE_FIELDS = ("task", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_at_eos",
-                   "stream")
-SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_at_eos")
+                   "allow_unk", "stream")
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_at_eos", "allow_unk")
 
 
 @dataclass(frozen=True)
