@@ -297,7 +297,7 @@ def _score_one(model: ZooModel, text: str) -> dict[str, Any]:
         "perplexity": res["ppl"], "bits_per_char": res["bits_per_char"], "bits_per_token": res["bits_per_token"],
         "num_tokens": res["num_tokens"], "num_unk": res["num_unk"], "oov": res["oov"],
         "tokens": [t["token"] for t in toks], "surprisal_bits": [-t["logprob"] / LN2 for t in toks],
-        "is_char": model.tokenizer.is_char,
+        "is_char": model.tokenizer.is_char, "warnings": res.get("warnings", []),
     }
 
 
@@ -316,6 +316,9 @@ def _summary_md(results: list[dict[str, Any]], diff: list[float] | None, notice:
         better = results[1]["model"] if mean > 0 else results[0]["model"]
         out += (f"\n\nMean per-token surprisal difference (A − B): **{mean:+.3f} bits**; "
                 f"{html.escape(better)} predicts this text better on average.")
+    for r in results:  # the library's warnings (e.g. a text that is mostly <unk> to this model)
+        for w in r["warnings"]:
+            out = f"⚠️ **{html.escape(r['model'])}**: {html.escape(w)}.\n\n" + out
     if notice:
         out = f"⚠️ {notice}\n\n" + out
     return out

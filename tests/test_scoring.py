@@ -79,3 +79,18 @@ def test_corpus_eval_equals_independent_mean_nll(model):
 def test_rejects_bad_types(model):
     with pytest.raises(TypeError):
         model.score(42)  # type: ignore[arg-type]
+
+
+def test_warnings_flag_text_the_model_does_not_know(tiny_checkpoint):
+    """A score result carries a warnings list; a text that is mostly <unk> says its perplexity means little."""
+    from zoo.pretrained import ZooModel
+    from zoo.scoring import UNK_SHARE_WARNING
+
+    model = ZooModel.from_pretrained(tiny_checkpoint)
+    report = model.score(["the cat sat on the mat", "die katze sitzt auf der matte", "the cat"])
+    assert report[0]["warnings"] == [] and report[2]["warnings"] == []
+    (warning,) = report[1]["warnings"]
+    assert "6 of 7 tokens (86%) are <unk>" in warning and f"{UNK_SHARE_WARNING:.0%}" in warning
+    share = report.corpus["num_unk"] / report.corpus["num_tokens"]
+    assert (report.corpus["warnings"] != []) == (share > UNK_SHARE_WARNING)
+    assert "warnings" in report.to_dict()["texts"][1]

@@ -191,7 +191,7 @@ class _FailsOn:
     """The real model, except that scoring one given text raises: a bug that only one request triggers."""
 
     def __init__(self, model: ZooModel, poison: str):
-        self.model, self.poison = model, poison
+        self.model, self.poison, self.tokenizer = model, poison, model.tokenizer
 
     def score(self, texts, **kw):
         if self.poison in texts:

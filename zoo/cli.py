@@ -118,6 +118,8 @@ def cmd_score(args: argparse.Namespace) -> int:
         print(f"{head}ppl {res['ppl']:.3f}  tokens {res['num_tokens']}  <unk> {res['num_unk']}  oov {res['oov']}  "
               f"nll {res['nll']:.3f} nats  bits/token {res['bits_per_token']:.4f}"
               + (f"  bits/char {bpc:.4f}" if bpc is not None else ""))
+        for w in res.get("warnings", []):
+            print(f"  warning: {w}")
         if args.tokens:
             for tok in res["tokens"]:
                 print(f"  {tok['token']:>16s}  {tok['logprob']:9.4f}")

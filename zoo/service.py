@@ -27,7 +27,7 @@ from typing import Any
 
 from zoo.errors import InvalidRequest
 from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
-from zoo.scoring import summarize
+from zoo.scoring import summarize, warnings_for
 from zoo.validate import as_bool, as_int, check_text, surrogate_position
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,8 @@ class Service:
             pos += len(r.texts)
             if not r.return_tokens:
                 results = [{k: v for k, v in res.items() if k != "tokens"} for res in results]
-            out.append({"texts": results, "corpus": corpus_of(results, r.texts), "warnings": list(r.warnings)})
+            out.append({"texts": results, "corpus": corpus_of(results, r.texts, self.model.tokenizer),
+                        "warnings": list(r.warnings)})
         return out
 
     def stream(self, request: GenerateRequest) -> Iterator[str]:
@@ -277,11 +278,12 @@ class Service:
                 "warnings": list(request.warnings)}
 
 
-def corpus_of(results: list[dict[str, Any]], texts: Sequence[str]) -> dict[str, Any]:
+def corpus_of(results: list[dict[str, Any]], texts: Sequence[str], tokenizer: Any) -> dict[str, Any]:
     """The token-weighted aggregate over one request's texts (what ``zoo.scoring.score_texts`` reports)."""
     corpus = summarize(sum(r["nll"] for r in results), sum(r["num_tokens"] for r in results),
                        sum(len(t) for t in texts))
     corpus["num_texts"] = len(results)
     corpus["oov"] = sum(r["oov"] for r in results)
     corpus["num_unk"] = sum(r["num_unk"] for r in results)
+    corpus["warnings"] = warnings_for(corpus, tokenizer)
     return corpus
