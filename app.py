@@ -296,6 +296,7 @@ def _score_one(model: ZooModel, text: str) -> dict[str, Any]:
         "model": model.name, "architecture": model.lm.architecture, "num_parameters": model.num_parameters,
         "perplexity": res["ppl"], "bits_per_char": res["bits_per_char"], "bits_per_token": res["bits_per_token"],
         "num_tokens": res["num_tokens"], "num_unk": res["num_unk"], "oov": res["oov"],
+        "num_dropped": res["num_dropped"], "dropped_items": res.get("dropped_items", []),
         "tokens": [t["token"] for t in toks], "surprisal_bits": [-t["logprob"] / LN2 for t in toks],
         "is_char": model.tokenizer.is_char, "warnings": res.get("warnings", []),
     }
@@ -307,7 +308,8 @@ def _summary_md(results: list[dict[str, Any]], diff: list[float] | None, notice:
     fields = [("architecture", "architecture", str), ("perplexity", "perplexity", _fmt),
               ("bits per character", "bits_per_char", _fmt), ("bits per token", "bits_per_token", _fmt),
               ("tokens", "num_tokens", str), ("`<unk>` tokens", "num_unk", str),
-              ("out-of-vocabulary words", "oov", str)]
+              ("out-of-vocabulary words", "oov", str),
+              ("dropped characters (not in the corpus: not scored)", "num_dropped", str)]
     for label, key, f in fields:
         rows.append(f"| {label} | " + " | ".join(f(r[key]) for r in results) + " |")
     out = "\n".join(rows)

@@ -70,3 +70,73 @@ def test_char_normalisation_and_oov_characters(char):
 def test_rejects_non_text(ptb):
     with pytest.raises(TypeError):
         ptb.encode(b"bytes")  # type: ignore[arg-type]
+
+
+AWKWARD = [
+    "omg 🚀 #stonks @elonmusk",
+    "def f(x):\n    return x ** 2  # squares; see https://example.com/a?b=c&d=e",
+    "Mr. Smith, Co. and U.S. Inc. met Dr. Jones on Nov. 5th.",
+    "東京は日本の首都です。",
+    "مرحبا بالعالم",
+    "שלום עולם",
+    "e\u0301te\u0301 — cafe\u0301 naïve Ångström",
+    "tab\there\x07bell\x1bescape\u200bzero-width\ufeffbom",
+    "a" * 300 + " supercalifragilisticexpialidocious" * 3,
+    "İstanbul ΣΊΣΥΦΟΣ straße ﬁne",
+    "<unk> N n't 's $ & % 3.5% 1,000,000 1990s 2nd",
+    "...!!!???---***///\\\\",
+    "   \n\n  leading and trailing  \n",
+]
+
+
+def _accounted(tok: Tokenizer, text: str) -> None:
+    """Every non-space character of ``text`` is in exactly one place: the source of a scored token (a vocabulary
+    symbol or <unk>), or the dropped list. Compared as multisets of characters, case-folded one character at a
+    time as the normalisations lower-case."""
+    from collections import Counter
+
+    enc = tok.encode(text)
+    fold = (lambda c: c.lower() if len(c.lower()) == 1 else c) if tok.normalization != "wikitext" else (lambda c: c)
+    want = Counter(fold(c) for c in text if not c.isspace())
+    got = Counter(fold(c) for src in enc.sources + enc.dropped for c in src)
+    assert got == want, (tok.normalization, text, got - want, want - got)
+    assert len(enc.sources) == len(enc.ids) == len(enc.tokens)
+    unk_sources = [s for s, t in zip(enc.sources, enc.tokens, strict=True) if t == "<unk>" and s]
+    if not tok.is_char:  # each <unk> names the input it replaced (a literal "<unk>" in the input included)
+        assert len(unk_sources) == enc.tokens.count("<unk>")
+
+
+@pytest.mark.parametrize("normalization", ["ptb", "wikitext", "ptb-char"])
+def test_no_input_character_is_lost(normalization, ptb, wiki, char):
+    tok = {"ptb": ptb, "wikitext": wiki, "ptb-char": char}[normalization]
+    for text in AWKWARD:
+        _accounted(tok, text)
+
+
+def test_every_bundled_models_tokenizer_accounts_for_every_character():
+    from zoo.pretrained import ZooModel, bundled_dir, catalog
+
+    dirs = [bundled_dir() / n for n in catalog()["models"] if (bundled_dir() / n / "config.json").is_file()]
+    assert dirs
+    for directory in dirs:
+        tok = ZooModel.from_pretrained(directory).tokenizer
+        for text in AWKWARD:
+            _accounted(tok, text)
+
+
+def test_char_models_keep_what_their_corpus_keeps(char):
+    assert "".join(char.encode("Mr. Smith of Co. and the U.S. left.").tokens) == \
+        "mr._smith_of_co._and_the_u.s._left<eos>"
+    enc = char.encode("omg 🚀 #stonks @elonmusk")
+    assert "".join(enc.tokens) == "omg_<unk>_#_stonks_elonmusk<eos>"
+    assert enc.oov_items == ["🚀"] and enc.dropped == ["@"]
+
+
+def test_ptb_corpus_splits_encode_to_themselves(ptb):
+    """Every line of the PTB validation and test splits is already normalised: encoding changes nothing."""
+    from zoo.data import corpus_files
+
+    for split in ("valid", "test"):
+        for line in corpus_files("ptb")[split].read_text().splitlines():
+            enc = ptb.encode(line)
+            assert enc.tokens == line.split() + ["<eos>"] and not enc.dropped, line

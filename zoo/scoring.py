@@ -123,13 +123,17 @@ def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
                                              len(tokenizer)), strict=True):
             logps[i] = lp
     results = []
-    for enc, lp in zip(encs, logps, strict=True):
+    for text, enc, lp in zip(texts, encs, logps, strict=True):
         assert lp is not None
         res = summarize(float(lp.sum().neg()), len(enc.ids), enc.num_chars)
         res["oov"] = enc.oov
         res["num_unk"] = tokenizer.count_unk(enc)
         if enc.oov_items:
             res["oov_items"] = sorted(set(enc.oov_items))[:50]
+        res["num_dropped"] = sum(len(d) for d in enc.dropped)
+        if enc.dropped:
+            res["dropped_items"] = sorted(set(enc.dropped))[:50]
+        res["num_visible_chars"] = sum(1 for ch in text if not ch.isspace())
         res["warnings"] = warnings_for(res, tokenizer)
         if return_tokens:
             res["tokens"] = [{"token": t, "id": i, "logprob": float(v)}
@@ -140,19 +144,26 @@ def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
     corpus["num_texts"] = len(results)
     corpus["oov"] = sum(r["oov"] for r in results)
     corpus["num_unk"] = sum(r["num_unk"] for r in results)
+    corpus["num_dropped"] = sum(r["num_dropped"] for r in results)
+    corpus["num_visible_chars"] = sum(r["num_visible_chars"] for r in results)
     corpus["warnings"] = warnings_for(corpus, tokenizer)
     return ScoreReport(results, corpus)
 
 
 def warnings_for(res: dict[str, Any], tokenizer: Tokenizer) -> list[str]:
-    """Where the number misleads: a high share of ``<unk>`` / out-of-alphabet tokens (see
-    :data:`UNK_SHARE_WARNING`)."""
+    """Where the number misleads: a high share of ``<unk>`` / out-of-alphabet tokens, or of input characters the
+    normalisation dropped (both over :data:`UNK_SHARE_WARNING`)."""
     out = []
     n, unk = res["num_tokens"], res["num_unk"]
     if n and unk / n > UNK_SHARE_WARNING:
         what = "characters outside the model's alphabet" if tokenizer.is_char else "<unk> (unknown to the model)"
         out.append(f"{unk} of {n} tokens ({unk / n:.0%}) are {what}: above {UNK_SHARE_WARNING:.0%}, the text is "
                    "largely outside what the model was trained on and its perplexity means little")
+    dropped, visible = res.get("num_dropped", 0), res.get("num_visible_chars", 0)
+    if visible and dropped / visible > UNK_SHARE_WARNING:
+        out.append(f"{dropped} of {visible} characters ({dropped / visible:.0%}) were dropped (not scored): the "
+                   "model's corpus has no such characters (PTB removed punctuation), so the score covers only the "
+                   "rest of the text")
     return out
 
 

@@ -285,5 +285,7 @@ def corpus_of(results: list[dict[str, Any]], texts: Sequence[str], tokenizer: An
     corpus["num_texts"] = len(results)
     corpus["oov"] = sum(r["oov"] for r in results)
     corpus["num_unk"] = sum(r["num_unk"] for r in results)
+    corpus["num_dropped"] = sum(r["num_dropped"] for r in results)
+    corpus["num_visible_chars"] = sum(r["num_visible_chars"] for r in results)
     corpus["warnings"] = warnings_for(corpus, tokenizer)
     return corpus

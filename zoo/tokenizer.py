@@ -5,19 +5,24 @@ carries its tokenizer (vocabulary plus normalisation) in its checkpoint:
 
 * ``ptb``: Mikolov's PTB: lower case, numbers (and ``%``) to ``N``, punctuation dropped except
   inside abbreviations kept by the vocabulary (``mr.``, ``u.s.``), clitics split (``do n't``,
-  ``it 's``), out-of-vocabulary words to ``<unk>``.
+  ``it 's``), out-of-vocabulary words (an emoji included) to ``<unk>``.
 * ``wikitext``: WikiText-2's tokenisation: case kept, punctuation split into tokens, ``@-@``,
   ``@,@`` and ``@.@`` inside words and numbers, clitics split (``don 't``), OOV to ``<unk>``.
-* ``ptb-char``: the PTB normalisation without the word vocabulary, then one token per character
-  with ``_`` for a space. A character outside the vocabulary is spelled ``<unk>`` as the corpus
-  spells unknown words, and counted as out of vocabulary, never silently dropped.
+* ``ptb-char``: the PTB normalisation without the word vocabulary, keeping what the PTB-char corpus
+  keeps (the period of ``mr.``, ``co.``, ``u.s.``; symbols such as ``#`` and ``*``), then one token
+  per character with ``_`` for a space. A character outside the vocabulary is spelled ``<unk>`` as the
+  corpus spells unknown words, and counted as out of vocabulary.
 
-Every line of the text becomes its tokens followed by ``<eos>``, as in the corpora.
+Every line of the text becomes its tokens followed by ``<eos>``, as in the corpora. No input character
+is lost silently: each is scored as a vocabulary symbol, scored as ``<unk>`` and listed in
+``oov_items``, or, if the corpus never has it (PTB's punctuation), listed in ``dropped`` (see
+:meth:`Tokenizer.line_pieces`; a test accounts for every character of awkward inputs).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +34,14 @@ _PTB_CLITIC = re.compile(r"(\w)(n't)\b")
 _PTB_CLITIC2 = re.compile(r"(\w)('(?:s|re|ve|ll|d|m))\b")
 _PTB_TOKEN = re.compile(r"<unk>|\$|%|&|n't|'(?:s|re|ve|ll|d|m)\b|[+\-]?\d+(?:[.,/:\-]\d+)*(?:s|th|st|nd|rd)?\b"
                         r"|[^\W_]+(?:[.\-&/][^\W_]+)*\.?|\S")
+#: The PTB corpus's abbreviations with a final period and no inner one (every word of ``ptb/train.txt`` that ends in
+#: ``.``; the PTB-char corpus spells them the same way): a character model keeps their period, as its corpus does,
+#: while a sentence's final period (which PTB dropped) is dropped. Words with an inner period (``u.s.``) keep it anyway.
+PTB_ABBREVIATIONS = frozenset((
+    "a adm ala ariz aug b bros c calif cie co col colo conn corp cos d dec del dr e etc f feb fla g ga "
+    "gen gov h i ill inc ind j jan jr k kan ky l ltd m mass md messrs mich minn mo mr mrs ms n neb nev no "
+    "nov o oct okla ore p pa prof r rep rev s sen sens sept sr st t tenn v va vs w wash wis"
+).split())
 _NUMBER = re.compile(r"^[+\-]?(\d[\d,./\-]*)(s|th|st|nd|rd)?$")
 _WIKI_CLITIC = re.compile(r"(\w)('(?:s|t|re|ve|ll|d|m))\b")
 _WIKI_TOKEN = re.compile(r"\w+|@[-,.]@|[^\w\s]")
@@ -43,6 +56,10 @@ class Encoding:
     oov: int = 0
     oov_items: list[str] = field(default_factory=list)
     num_chars: int = 0
+    #: The input text each token came from ("" for inserted tokens: ``<eos>``, ``_``, the spelling of ``<unk>``).
+    sources: list[str] = field(default_factory=list)
+    #: Input text the normalisation dropped because the corpus never has it (PTB's punctuation).
+    dropped: list[str] = field(default_factory=list)
 
 
 class Tokenizer:
@@ -67,52 +84,85 @@ class Tokenizer:
         return {"normalization": self.normalization, "vocab_file": "vocab.json", "vocab_size": len(self.vocab)}
 
     # -- normalisation ---------------------------------------------------------------------------------
-    def _ptb_words(self, line: str) -> list[str]:
-        line = re.sub(r"(?<!\S)N(?!\S)", "0", line)  # an already-normalised number token stays a number
-        line = _PTB_CLITIC2.sub(r"\1 \2", _PTB_CLITIC.sub(r"\1 \2", line.lower()))
-        words: list[str] = []
-        pieces: list[str] = []
-        for chunk in line.split():  # a chunk the vocabulary knows as is (e.g. "cities\\/abc") stays whole
-            if not self.is_char and chunk in self.index:
-                pieces.append(chunk)
-            else:
-                pieces.extend(_PTB_TOKEN.findall(chunk))
-        for tok in pieces:
-            if tok == UNK:
-                words.append(tok)
-            elif tok == "%" or _NUMBER.match(tok):
-                words.append("N")
-            elif tok in ("$", "&") or tok[0].isalnum() or tok.startswith("'") or tok == "n't":
-                if tok.endswith(".") and (self.is_char or tok not in self.index):
-                    tok = tok[:-1]
-                if tok:
-                    words.append(tok)
-            # any other single symbol is punctuation, which PTB dropped
-        return words
+    # Each normaliser returns (symbol, source) pieces that cover every non-space character of the line exactly
+    # once: ``source`` is the text the symbol came from; symbol None means the corpus never had that text and
+    # it is dropped (PTB removed punctuation). Nothing else is ever lost: an input character is scored as a
+    # vocabulary symbol, scored as <unk> and listed as OOV, or dropped and listed as dropped.
+    def _ptb_pieces(self, line: str) -> list[tuple[str | None, str]]:
+        # an already-normalised number token stays a number; lower case one character at a time so that
+        # positions in the processed line are positions in ``line``
+        proc = re.sub(r"(?<!\S)N(?!\S)", "0", line)
+        proc = "".join(c.lower() if len(c.lower()) == 1 else c for c in proc)
+        out: list[tuple[str | None, str]] = []
+        for m in re.finditer(r"\S+", proc):
+            cuts = sorted({m.start() + c.start(2) for rx in (_PTB_CLITIC, _PTB_CLITIC2) for c in rx.finditer(m[0])})
+            bounds = [m.start(), *cuts, m.end()]
+            for a, b in zip(bounds, bounds[1:], strict=False):
+                if not self.is_char and proc[a:b] in self.index:  # a chunk the vocabulary knows stays whole
+                    out.append((proc[a:b], line[a:b]))
+                    continue
+                for t in _PTB_TOKEN.finditer(proc, a, b):
+                    out.extend(self._ptb_symbol(t[0], line[t.start():t.end()]))
+        return out
 
-    def _wikitext_words(self, line: str) -> list[str]:
+    def _ptb_symbol(self, tok: str, raw: str) -> list[tuple[str | None, str]]:
+        """One regex token of the PTB normalisation -> its (symbol, source) pieces."""
+        if tok == UNK:
+            return [(tok, raw)]
+        if tok == "%" or _NUMBER.match(tok):
+            return [("N", raw)]
+        if tok in ("$", "&") or tok[0].isalnum() or tok.startswith("'") or tok == "n't":
+            if tok.endswith(".") and len(tok) > 1:
+                keep = "." in tok[:-1] or tok[:-1] in PTB_ABBREVIATIONS if self.is_char else tok in self.index
+                if not keep:  # a sentence's final period: PTB dropped it
+                    return [(tok[:-1], raw[:-1]), (None, raw[-1])]
+            return [(tok, raw)]
+        if tok in self.index and tok != ".":  # a symbol the corpus has (the character corpus keeps # * / \\ ...);
+            return [(tok, raw)]              # a lone period ends a sentence, and PTB dropped those
+        if unicodedata.category(tok[0])[0] in "PCZ":  # punctuation, control and format characters: PTB has none
+            return [(None, raw)]
+        return [(tok, raw)]  # any other symbol (an emoji, a sign): a word the model does not know
+
+    def _wikitext_pieces(self, line: str) -> list[tuple[str | None, str]]:
         line = re.sub(r"(?<=\w)-(?=\w)", " @-@ ", line)
         line = re.sub(r"(?<=\d),(?=\d)", " @,@ ", line)
         line = re.sub(r"(?<=\d)\.(?=\d)", " @.@ ", line)
         line = _WIKI_CLITIC.sub(r"\1 \2", line)
-        out: list[str] = []
+        out: list[tuple[str | None, str]] = []
         for chunk in line.split():
             if chunk.startswith("@") and chunk.endswith("@") and len(chunk) == 3:
-                out.append(chunk)
+                out.append((chunk, chunk[1]))
             elif chunk in self.index:
-                out.append(chunk)
+                out.append((chunk, chunk))
             else:
-                out.extend(_WIKI_TOKEN.findall(chunk))
+                out.extend((t, t) for t in _WIKI_TOKEN.findall(chunk))
+        return out
+
+    def line_pieces(self, line: str) -> list[tuple[str | None, str]]:
+        """``(symbol, source)`` pieces of one line, without ``<eos>``: every non-space character of the line is
+        in exactly one source; symbol None = dropped by the normalisation. Character models split each word
+        into characters (``_`` between words, with an empty source)."""
+        if self.normalization == "wikitext":
+            return self._wikitext_pieces(line)
+        pieces = self._ptb_pieces(line)
+        if not self.is_char:
+            return pieces
+        out: list[tuple[str | None, str]] = []
+        for sym, raw in pieces:
+            if sym is None:
+                out.append((None, raw))
+                continue
+            if any(s is not None for s, _ in out):
+                out.append(("_", ""))
+            if len(sym) == len(raw):
+                out.extend(zip(sym, raw, strict=True))
+            else:  # "42" -> "N": the whole source goes with the first character
+                out.extend([(sym[0], raw)] + [(c, "") for c in sym[1:]])
         return out
 
     def line_tokens(self, line: str) -> list[str]:
         """Normalised symbols of one line (before the vocabulary lookup), without ``<eos>``."""
-        if self.normalization == "wikitext":
-            return self._wikitext_words(line)
-        words = self._ptb_words(line)
-        if not self.is_char:
-            return words
-        return list("_".join(words))
+        return [sym for sym, _ in self.line_pieces(line) if sym is not None]
 
     # -- encoding -----------------------------------------------------------------------------------------
     def encode(self, text: str, add_eos: bool = True) -> Encoding:
@@ -124,28 +174,35 @@ class Tokenizer:
         if len(lines) > 1 and lines[-1] == "":
             lines.pop()  # a trailing newline ends the last line; it does not start a new one
         for n, line in enumerate(lines):
-            for sym in self.line_tokens(line):
-                self._append(enc, sym)
+            for sym, src in self.line_pieces(line):
+                if sym is None:
+                    enc.dropped.append(src)
+                else:
+                    self._append(enc, sym, src)
             if add_eos or n < len(lines) - 1:
                 enc.ids.append(self.eos_id)
                 enc.tokens.append(EOS)
+                enc.sources.append("")
         return enc
 
-    def _append(self, enc: Encoding, sym: str) -> None:
+    def _append(self, enc: Encoding, sym: str, src: str = "") -> None:
         idx = self.index.get(sym)
         if idx is not None:
             enc.ids.append(idx)
             enc.tokens.append(sym)
+            enc.sources.append(src)
             return
         enc.oov += 1
         enc.oov_items.append(sym)
         if self.is_char:
-            for ch in UNK:
+            for k, ch in enumerate(UNK):
                 enc.ids.append(self.index[ch])
                 enc.tokens.append(ch)
+                enc.sources.append(src if k == 0 else "")
         else:
             enc.ids.append(self.unk_id)
             enc.tokens.append(UNK)
+            enc.sources.append(src)
 
     def count_unk(self, enc: Encoding) -> int:
         """How many scored tokens are ``<unk>`` (word models) or out-of-vocabulary characters."""
