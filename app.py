@@ -294,7 +294,8 @@ def _score_one(model: ZooModel, text: str) -> dict[str, Any]:
     toks = res["tokens"]
     return {
         "model": model.name, "architecture": model.lm.architecture, "num_parameters": model.num_parameters,
-        "perplexity": res["ppl"], "bits_per_char": res["bits_per_char"], "bits_per_token": res["bits_per_token"],
+        "perplexity": res["ppl"], "bits_per_input_char": res["bits_per_input_char"],
+        "bits_per_token": res["bits_per_token"],
         "num_tokens": res["num_tokens"], "num_unk": res["num_unk"], "oov": res["oov"],
         "num_dropped": res["num_dropped"], "dropped_items": res.get("dropped_items", []),
         "tokens": [t["token"] for t in toks], "surprisal_bits": [-t["logprob"] / LN2 for t in toks],
@@ -305,8 +306,13 @@ def _score_one(model: ZooModel, text: str) -> dict[str, Any]:
 def _summary_md(results: list[dict[str, Any]], diff: list[float] | None, notice: str) -> str:
     head = "| | " + " | ".join(f"**{html.escape(r['model'])}**" for r in results) + " |"
     rows = [head, "|---" * (len(results) + 1) + "|"]
-    fields = [("architecture", "architecture", str), ("perplexity", "perplexity", _fmt),
-              ("bits per character", "bits_per_char", _fmt), ("bits per token", "bits_per_token", _fmt),
+    mixed = len({r["is_char"] for r in results}) > 1
+    # per-token numbers of a word and a character model are not comparable: only bits per input character is
+    ppl_label = "perplexity (per token: not comparable between a word and a character model)" if mixed \
+        else "perplexity"
+    fields = [("architecture", "architecture", str), ("bits per input character (comparable)", "bits_per_input_char",
+                                                      _fmt), (ppl_label, "perplexity", _fmt),
+              ("bits per token (a character model: per symbol, its card's bpc)", "bits_per_token", _fmt),
               ("tokens", "num_tokens", str), ("`<unk>` tokens", "num_unk", str),
               ("out-of-vocabulary words", "oov", str),
               ("dropped characters (not in the corpus: not scored)", "num_dropped", str)]
@@ -315,9 +321,12 @@ def _summary_md(results: list[dict[str, Any]], diff: list[float] | None, notice:
     out = "\n".join(rows)
     if diff is not None:
         mean = sum(diff) / len(diff)
-        better = results[1]["model"] if mean > 0 else results[0]["model"]
-        out += (f"\n\nMean per-token surprisal difference (A − B): **{mean:+.3f} bits**; "
-                f"{html.escape(better)} predicts this text better on average.")
+        if abs(mean) < 5e-4:  # the same model twice, or two that agree to the shown precision
+            verdict = "the two models predict this text equally well on average."
+        else:
+            better = results[1]["model"] if mean > 0 else results[0]["model"]
+            verdict = f"{html.escape(better)} predicts this text better on average."
+        out += f"\n\nMean per-token surprisal difference (A − B): **{mean:+.3f} bits**; {verdict}"
     for r in results:  # the library's warnings (e.g. a text that is mostly <unk> to this model)
         for w in r["warnings"]:
             out = f"⚠️ **{html.escape(r['model'])}**: {html.escape(w)}.\n\n" + out

@@ -139,7 +139,7 @@ def test_score_matches_library(served, model_root):
     ref = local(model_root, "tiny-alstm").score(TEXT, return_tokens=True)[0]
     (res,) = report["models"]
     assert res["perplexity"] == pytest.approx(ref["ppl"], rel=1e-9)
-    assert res["bits_per_char"] == pytest.approx(ref["bits_per_char"], rel=1e-9)
+    assert res["bits_per_input_char"] == pytest.approx(ref["bits_per_input_char"], rel=1e-9)
     assert res["num_tokens"] == ref["num_tokens"] and res["num_unk"] == ref["num_unk"] == 2  # "to", "zebra"
     assert res["surprisal_bits"] == pytest.approx([-t["logprob"] / math.log(2) for t in ref["tokens"]])
     assert heat.count('class="tok"') == ref["num_tokens"]

@@ -38,7 +38,7 @@ def test_score_json_fields(capsys, tiny_checkpoint):
     lines = [json.loads(x) for x in out.splitlines()]
     assert code == 0 and len(lines) == 2
     for res in lines:
-        for key in ("num_tokens", "nll", "avg_nll", "ppl", "bits_per_token", "bits_per_char", "oov", "tokens"):
+        for key in ("num_tokens", "nll", "avg_nll", "ppl", "bits_per_token", "bits_per_input_char", "oov", "tokens"):
             assert key in res
     assert lines[0]["num_tokens"] == 4
 

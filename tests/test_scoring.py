@@ -21,14 +21,15 @@ def model(request) -> ZooModel:
 
 def test_fields_and_definitions(model):
     r = model.score(TEXTS[0], return_tokens=True)[0]
-    for key in ("num_tokens", "nll", "avg_nll", "ppl", "bits_per_token", "bits_per_char", "oov", "num_unk", "tokens"):
+    for key in ("num_tokens", "nll", "avg_nll", "ppl", "bits_per_token", "bits_per_input_char", "oov", "num_unk",
+                "num_dropped", "num_visible_chars", "warnings", "tokens"):
         assert key in r
     assert r["num_tokens"] == len(r["tokens"]) == 7  # the cat sat on the mat <eos>
     assert r["nll"] == pytest.approx(-sum(t["logprob"] for t in r["tokens"]), rel=1e-9)
     assert r["avg_nll"] == pytest.approx(r["nll"] / r["num_tokens"])
     assert r["ppl"] == pytest.approx(math.exp(r["avg_nll"]))
     assert r["bits_per_token"] == pytest.approx(r["avg_nll"] / math.log(2))
-    assert r["bits_per_char"] == pytest.approx(r["nll"] / math.log(2) / len(TEXTS[0]))
+    assert r["bits_per_input_char"] == pytest.approx(r["nll"] / math.log(2) / len(TEXTS[0]))
 
 
 def test_first_token_is_conditioned_on_eos(model):

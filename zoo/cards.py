@@ -271,7 +271,8 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     add("```python\nimport zoo\n\n"
         f'model = zoo.load("{name}")\n'
         f'report = model.score("{ds.example_text}")\n'
-        f'print(report.texts[0]["{"bits_per_char" if ds.char_level else "ppl"}"])\n'
+        f'print(report.texts[0]["{"bits_per_token" if ds.char_level else "ppl"}"])'
+        f'{"  # bits per predicted symbol: the bpc above" if ds.char_level else ""}\n'
         f'print(model.generate("{ds.example_prompt}", max_new_tokens=20, seed=0))\n```\n')
     add(f"Command line: `zoo score {name} --text \"...\"`, `zoo generate {name} --prompt \"...\"`, "
         f"`zoo eval {name} --dataset {ev['dataset']}`. From the Hub: `zoo download {name}` "

@@ -114,10 +114,11 @@ def cmd_score(args: argparse.Namespace) -> int:
         return 0
     for i, res in enumerate(report.texts):
         head = f"text {i + 1}: " if len(report) > 1 else ""
-        bpc = res["bits_per_char"]
+        bpc = res["bits_per_input_char"]
         print(f"{head}ppl {res['ppl']:.3f}  tokens {res['num_tokens']}  <unk> {res['num_unk']}  oov {res['oov']}  "
               f"nll {res['nll']:.3f} nats  bits/token {res['bits_per_token']:.4f}"
-              + (f"  bits/char {bpc:.4f}" if bpc is not None else ""))
+              + (f"  bits/input char {bpc:.4f}" if bpc is not None else "")
+              + (f"  dropped {res['num_dropped']}" if res.get("num_dropped") else ""))
         for w in res.get("warnings", []):
             print(f"  warning: {w}")
         if args.tokens:
@@ -159,7 +160,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res))
     else:
-        extra = f"  bits/char {res['bits_per_char']:.4f}" if "bits_per_char" in res else ""
+        # a character model's bits per predicted symbol is what its card (and the papers) call bits per character
+        extra = f"  bits/symbol (the card's bpc) {res['bits_per_token']:.4f}" if model.tokenizer.is_char else ""
         print(f"{model.name} {res['dataset']}/{args.split}: ppl {res['ppl']:.3f}  avg nll {res['avg_nll']:.4f}  "
               f"tokens {res['num_tokens']}{extra}")
     return 0

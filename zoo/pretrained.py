@@ -204,7 +204,7 @@ class ZooModel:
             lp = dynamic_logprobs(self.lm, stream[:-1], stream[1:], dyn, progress=progress,
                                   desc=f"{dataset}/{split} (dynamic)")
             res = summarize(float(-lp.sum()), lp.numel(), 0)
-            res.pop("bits_per_char")
+            res.pop("bits_per_input_char")
             res.update(batch_size=1, dynamic=dyn.to_dict())
         elif proto["mode"] == "sentences":
             seqs = sentences(corpus.split(split), self.tokenizer.eos_id, proto["max_len"])
@@ -213,8 +213,6 @@ class ZooModel:
         else:
             res = evaluate_stream(self.runner, corpus.split(split), batch_size=batch_size, bptt=bptt,
                                   progress=progress, desc=f"{dataset}/{split}")
-        if self.tokenizer.is_char:
-            res["bits_per_char"] = res["bits_per_token"]
         res.update(dataset=dataset, split=split)
         return res
 

@@ -7,8 +7,11 @@ Conventions (the same for every architecture and backend):
   ends each line, is scored exactly once.
 * Long inputs are processed in chunks with the hidden state carried across chunks and no window
   overlap, so the result equals one pass over the whole text while memory stays bounded.
-* Log base e (nats); ``bits_per_token = avg_nll / ln 2``; ``bits_per_char = nll / (ln 2 * characters
-  of the raw text)``; aggregates are token-weighted (not a mean of per-text perplexities).
+* Log base e (nats). Two bit rates, never one name for both: ``bits_per_token = avg_nll / ln 2`` per
+  predicted token (for a character model, per predicted symbol: the "bits per character" of its card and
+  of the papers) and ``bits_per_input_char = nll / (ln 2 * characters of the raw input text)`` (comparable
+  across word and character models, since it does not depend on the tokenisation); aggregates are
+  token-weighted (not a mean of per-text perplexities).
 
 Everything here talks to a *runner*: an object with ``init_state(batch)`` and
 ``forward(tokens [B, T], state) -> (logits [B, T, V], state)``. The eager :class:`zoo.lm.LanguageModel`
@@ -71,7 +74,7 @@ def summarize(nll: float, num_tokens: int, num_chars: int) -> dict[str, Any]:
         "avg_nll": avg,
         "ppl": math.exp(avg) if num_tokens else float("nan"),
         "bits_per_token": avg / LN2 if num_tokens else float("nan"),
-        "bits_per_char": nll / (LN2 * num_chars) if num_chars else None,
+        "bits_per_input_char": nll / (LN2 * num_chars) if num_chars else None,
     }
 
 
@@ -187,7 +190,7 @@ def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: 
                                                        y.reshape(-1).to(logits.device), reduction="sum"))
         count += y.numel()
     res = summarize(nll, count, 0)
-    res.pop("bits_per_char")
+    res.pop("bits_per_input_char")
     res.update(batch_size=batch_size, bptt=bptt)
     return res
 
@@ -212,6 +215,6 @@ def evaluate_sentences(runner: Runner, seqs: list[Tensor], batch_size: int = 32,
                                                        ignore_index=PAD_TARGET, reduction="sum"))
         count += int((y != PAD_TARGET).sum())
     res = summarize(nll, count, 0)
-    res.pop("bits_per_char")
+    res.pop("bits_per_input_char")
     res.update(batch_size=batch_size, mode="sentences", num_sequences=len(seqs))
     return res
