@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 OLAH_VENV := .venv-olah
 OLAH_STAMP := $(OLAH_VENV)/.installed-stamp
-PORT ?= 7860
+PORT ?= $(or $(GRADIO_SERVER_PORT),7860)
 
 .PHONY: demo test venv system-deps olah lint bench clean help
 

@@ -350,3 +350,14 @@ def test_python_app_py_honours_gradio_server_port(model_root):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def test_make_demo_honours_gradio_server_port():
+    """`GRADIO_SERVER_PORT=N make demo` starts on N (the Makefile's PORT defaults to it); PORT still wins."""
+    env = dict(os.environ, GRADIO_SERVER_PORT="7999")
+    env.pop("PORT", None)
+    out = subprocess.run(["make", "-n", "demo"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert "app.py --port 7999" in out.stdout, out.stdout + out.stderr
+    out = subprocess.run(["make", "-n", "demo", "PORT=8123"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert "app.py --port 8123" in out.stdout

@@ -47,10 +47,30 @@ def test_score_file_per_line_and_stdin(capsys, tiny_checkpoint, tmp_path):
     f = tmp_path / "t.txt"
     f.write_text("the cat\n\na dog ran\n")
     code, out, _ = run(capsys, "score", str(tiny_checkpoint), str(f), "--per-line", "--json")
-    assert code == 0 and len(out.splitlines()) == 2
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [r["line"] for r in rows] == [1, 2, 3]  # one object per input line, numbered
+    assert rows[1] == {"line": 2, "skipped": "blank"} and rows[0]["num_tokens"] == 3 and rows[2]["num_tokens"] == 4
     proc = subprocess.run([sys.executable, "-m", "zoo.cli", "score", str(tiny_checkpoint), "-"], input=b"the mat",
                           capture_output=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0 and b"ppl" in proc.stdout
+
+
+def test_publish_dry_run_defaults_to_the_catalogue_repo(capsys):
+    from zoo.pretrained import catalog
+
+    name = catalog()["default"]
+    code, out, err = run(capsys, "publish", name, "--dry-run")
+    assert code == 0, err
+    assert catalog()["models"][name]["repo_id"] in out and "would upload" in out
+
+
+def test_offline_download_says_the_model_is_bundled(capsys, monkeypatch, tmp_path):
+    from zoo.pretrained import catalog
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    code, _, err = run(capsys, "download", catalog()["default"])
+    assert code == 2 and "is bundled with this checkout" in err and len(err.strip().splitlines()) == 1
 
 
 def test_generate_seeded(capsys, tiny_checkpoint):

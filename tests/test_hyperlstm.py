@@ -32,7 +32,7 @@ def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# -- parameter counts (docs/reference-models.md 2.6) ------------------------------------------------
+# -- parameter counts (Ha et al. 2017, table 2) ------------------------------------------------------
 
 @pytest.mark.parametrize("use_layer_norm, stack_count", [(False, 4_861_824), (True, 4_873_104)])
 def test_char_ptb_parameter_count(use_layer_norm: bool, stack_count: int) -> None:

@@ -92,28 +92,35 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
             content = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise UsageError(f"{src}: not valid UTF-8 (byte {e.start})") from None
-        texts = [line for line in content.splitlines() if line.strip()] if args.per_line else [content]
+        texts = content.splitlines() if args.per_line else [content]
     if not texts or all(not t.strip() for t in texts):
         raise UsageError("nothing to score: the input is empty")
-    if any(not t.strip() for t in texts):
+    if not args.per_line and any(not t.strip() for t in texts):
         raise UsageError("empty text in the input")
-    from zoo.service import CLI_LIMITS, parse_score
-
-    # the service schema (no size limit on the CLI): NUL, binary data and undecodable argv bytes are refused
-    return list(parse_score({"texts": texts}, CLI_LIMITS).texts)
+    return texts  # with --per-line, blank lines stay in place (reported as skipped) so that line numbers hold
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    texts = _read_texts(args)
+    lines = _read_texts(args)
+    keep = [i for i, t in enumerate(lines) if t.strip()]
+    from zoo.service import CLI_LIMITS, parse_score
+
+    # the service schema (no size limit on the CLI): NUL, binary data and undecodable argv bytes are refused
+    texts = list(parse_score({"texts": [lines[i] for i in keep]}, CLI_LIMITS).texts)
     model = _load(args)
     report = model.score(texts, return_tokens=args.tokens, batch_size=args.batch_size, progress=True,
                          dynamic=_dynamic(args))
-    if args.json:
-        for res in report.texts:
-            print(json.dumps(res))
+    by_line = dict(zip(keep, report.texts, strict=True))
+    if args.json:  # one object per text; with --per-line one per input line, numbered from 1
+        for i in range(len(lines)) if args.per_line else keep:
+            res = by_line.get(i)
+            if not args.per_line:
+                print(json.dumps(res))
+            else:
+                print(json.dumps({"line": i + 1, **res} if res is not None else {"line": i + 1, "skipped": "blank"}))
         return 0
     for i, res in enumerate(report.texts):
-        head = f"text {i + 1}: " if len(report) > 1 else ""
+        head = (f"line {keep[i] + 1}: " if args.per_line else f"text {i + 1}: ") if len(report) > 1 else ""
         bpc = res["bits_per_input_char"]
         print(f"{head}ppl {res['ppl']:.3f}  tokens {res['num_tokens']}  <unk> {res['num_unk']}  oov {res['oov']}  "
               f"nll {res['nll']:.3f} nats  bits/token {res['bits_per_token']:.4f}"

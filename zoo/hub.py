@@ -211,8 +211,11 @@ def download(name: str, revision: str | None = None, *, cache_dir: str | os.Path
     ep = hub_endpoint(endpoint)
     where = f"{rel.repo_id}@{rel.revision}"
     if is_offline():
+        bundled = bundled_dir() / rel.name
+        hint = (f"; it is bundled with this checkout ({bundled}), so `zoo.load({rel.name!r})` works offline "
+                "without downloading") if (bundled / "config.json").is_file() else ""
         raise HubError(f"{rel.name} ({where}) is not in the Hub cache ({cache}) and HF_HUB_OFFLINE is set: "
-                       f"run `zoo download {rel.name}` with network access")
+                       f"run `zoo download {rel.name}` with network access{hint}")
     try:
         folder = Path(snapshot_download(rel.repo_id, revision=rel.revision, allow_patterns=sorted(rel.files),
                                         cache_dir=str(cache), endpoint=ep, token=token, force_download=force))
@@ -438,7 +441,12 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    publish(args.model, args.repo_id, tag=args.tag, dry_run=args.dry_run, exports_dir=args.exports_dir,
+    repo_id = args.repo_id
+    if repo_id is None:  # the catalogue's repository for this model
+        repo_id = catalog().get("models", {}).get(canonical_name(args.model), {}).get("repo_id")
+        if not repo_id:
+            raise HubError(f"{args.model}: the catalogue names no Hub repository; give --repo-id ORG/NAME")
+    publish(args.model, repo_id, tag=args.tag, dry_run=args.dry_run, exports_dir=args.exports_dir,
             private=args.private or None)
     return 0
 
@@ -453,7 +461,7 @@ def add_cli(subparsers) -> None:
 
     sp = subparsers.add_parser("publish", help="upload a bundled model (+ exports) to the Hub and tag the release")
     sp.add_argument("model", help="catalogue name of a bundled model")
-    sp.add_argument("--repo-id", required=True, help="target Hub repository, ORG/NAME")
+    sp.add_argument("--repo-id", help="target Hub repository, ORG/NAME (default: the catalogue's repo_id)")
     sp.add_argument("--tag", help="release tag (default: the catalogue's revision, e.g. v1.0)")
     sp.add_argument("--dry-run", action="store_true", help="print exactly what would be uploaded; touch nothing")
     sp.add_argument("--exports-dir", help="folder holding <name>/ exports (default: exports/out)")

@@ -70,8 +70,10 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
         if ev_path.is_file():
             ev = json.loads(ev_path.read_text())
             ref = ev["recipe"].get("reference") or {}
+            met = ev.get("release") or ev  # the weights as they would ship (float16), as the tier tables report
+            device = short_device(ev.get("device", ""))
             rows.append(f"| {name} | {ev['num_parameters'] / 1e6:.2f}M | {ev['epochs_trained']} | "
-                        f"{short_device(ev.get('device', ''))} | {ev['valid']['ppl']:.2f} | {ev['test']['ppl']:.2f} | "
+                        f"{device} | {met['valid']['ppl']:.2f} | {met['test']['ppl']:.2f} | "
                         + (f"{ref['valid']} / {ref['test']}" if "valid" in ref else "") + " |")
         else:
             last = f"({epochs[-1]['valid_ppl']:.2f} at epoch {epochs[-1]['epoch']})" if epochs else ""
@@ -81,7 +83,8 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
     if not rows:
         return ""
     return "\n".join(["**Trained here, not bundled** (records in `model_cards/runs/`: each run's own log and "
-                      "eval.json)", "", "| run | params | epochs | trained on | valid ppl | test ppl | "
+                      "eval.json; perplexities of the weights cast to float16 as they would ship, the same numbers "
+                      "the tier tables show)", "", "| run | params | epochs | trained on | valid ppl | test ppl | "
                       "published valid / test |", "|---|---:|---:|---|---:|---:|---|", *rows])
 
 

@@ -2,8 +2,8 @@
 
 Why the sequence graph is assembled from the step graph rather than traced:
 
-* A Python time loop exports silently at the example's fixed length (docs/ecosystem-notes.md
-  section 4). The sequence needs a real ONNX loop.
+* A Python time loop exports silently at the example's fixed length (the exporter unrolls it, with
+  no error). The sequence needs a real ONNX loop.
 * ``torch._higher_order_ops.scan`` does export to a ``Scan`` node, but in torch 2.13 the ONNX
   exporter's decomposition of the scan body fails for cells whose step slices or reshapes along the
   (dynamic) batch dimension (HyperLSTM, p-norm GRU: "'SymInt' object has no attribute 'unsqueeze'")

@@ -4,7 +4,7 @@
 the step is *traced* (the trace of ``LanguageModel.step`` records no Python control flow that could
 depend on the batch size), and the sequence entry point is a *scripted* loop over that traced step, so
 the time length stays truly dynamic. The state travels as a ``List[Tensor]`` in ``lm.state_names()``
-order. TorchScript is deprecated in favour of ``torch.export`` (see docs/ecosystem-notes.md section 4);
+order. TorchScript is deprecated in favour of ``torch.export`` (PyTorch 2.x documentation);
 it is shipped because TorchServe and libtorch still load it natively.
 
 No ``from __future__ import annotations`` here: TorchScript reads the annotations of the scripted class.

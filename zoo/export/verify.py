@@ -1,7 +1,8 @@
 """Parity of exported files with eager PyTorch, run right after every export and stored in its manifest.
 
 The shapes differ from the export example (batch 2) on purpose: a graph that silently specialised a
-batch or time length (docs/ecosystem-notes.md section 4) fails here instead of in production.
+batch or time length (``torch.onnx.export`` and tracing record the example's sizes as constants unless told
+otherwise) fails here instead of in production.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ tied across the four gates)::
     gates = (W_ih (x_t * pi_x)) * pi_ih + (W_hh (h_{t-1} * pi_h)) * pi_hh + b * pi_b
     c_t   = sig(f) * c_{t-1} + sig(i) * tanh(g);   h_t = sig(o) * tanh(c_t)     # gates (i, f, g, o)
 
-This file follows the reference code (github.com/flennerhag/alstm, ``alstm/alstm.py``) as restated in
-``docs/reference-models.md`` section 1: sizes, initialisation, the variational dropouts owned by the
+This file follows the reference code (github.com/flennerhag/alstm, ``alstm/alstm.py``) and the paper's
+appendix (Flennerhag et al. 2018): sizes, initialisation, the variational dropouts owned by the
 stack, and the layer-0 "wrap-around" of the LSTM-RHN adaptation input. Options the reference does not
 have (``policy="output"``, the ``"lstm"`` and ``"feedforward"`` adaptation models, a non-adaptive bias)
 are the paper's variants; each is documented where it is built.

@@ -11,7 +11,7 @@ memory-efficient version that scales the rows of ``W_x`` / ``W_h`` instead of ge
     [LN per gate];  c_t = sig(f + forget_bias) c_{t-1} + sig(i) drop(tanh(j))             # Eq. 13
     h_t = sig(o) tanh([LN] c_t)
 
-Notes on faithfulness (see docs/reference-models.md section 2):
+Notes on faithfulness (against Ha et al. 2017, section 3.2 and appendix A.2.2, and its reference code):
 
 * ``z`` uses the *current* hyper state ``h^_t`` (the paper writes ``h^_{t-1}``; both reference
   implementations use ``h^_t``).

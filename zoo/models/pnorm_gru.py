@@ -17,7 +17,7 @@ the *candidate*, the opposite of PyTorch's ``nn.GRU`` ``z``; and PyTorch/cuDNN a
 gate after ``U_h`` (``r * (U_h h + b_hn)``), so ``nn.GRU`` weights do not carry over.
 
 No reference implementation exists; the formula matches Apple MPS ``MPSGRUDescriptor.gatePnormValue``
-(docs/reference-models.md section 4).
+(Pham et al., the p-norm gates paper, section II; the equations are restated in this module's docstring).
 """
 
 from __future__ import annotations
