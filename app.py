@@ -41,6 +41,7 @@ import zoo  # noqa: E402
 from zoo.adaptation import AdaptationTrace, trace_text  # noqa: E402
 from zoo.checkpoint import CheckpointError, read_config  # noqa: E402
 from zoo.errors import InvalidRequest  # noqa: E402
+from zoo.plots import label_log_axis  # noqa: E402
 from zoo.pretrained import ZooModel, bundled_dir, catalog  # noqa: E402
 from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request  # noqa: E402
 
@@ -54,6 +55,8 @@ MAX_NEW_TOKENS = 500
 MAX_TRACE_TOKENS = 500
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 200
+#: Where curves drawn from training logs are written (served: see ``launch``).
+CURVES_DIR = Path(tempfile.gettempdir()) / "zoo-demo-curves"
 #: Loaded models kept in memory (least recently used is dropped).
 CACHE_SIZE = 4
 #: Queue settings for a two-core machine: two model events at a time, 16 waiting at most.
@@ -234,11 +237,13 @@ def render_curve(log_file: Path, name: str) -> str | None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("perplexity")
     ax.set_yscale("log")
+    values = [r[k] for r in epochs for k in ("train_ppl", "valid_ppl") if isinstance(r.get(k), int | float)]
+    label_log_axis(ax, min(values), max(values))
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     ax.set_title(f"{name}: training curve ({log_file.name})", fontsize=10)
     digest = hashlib.sha1(f"{log_file.resolve()}|{name}".encode()).hexdigest()[:16]
-    out = Path(tempfile.gettempdir()) / "zoo-demo-curves" / f"{digest}.png"
+    out = CURVES_DIR / f"{digest}.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     return str(out)
@@ -555,11 +560,12 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool = True):
     """Start the server (loopback by default); returns ``(app, local_url, share_url)`` when not blocking.
 
-    Only the model folders (cards, curve images) and the rendered curves may be served as files.
+    Only curve images may be served as files: each model's curve file and the folder of rendered curves,
+    never a model folder (weights) or anything else.
     """
     registry: ModelRegistry = demo.zoo_registry  # type: ignore[attr-defined]
-    allowed = [str(e["dir"]) for e in registry.entries.values()]
-    allowed += [str(REPO / "model_cards"), str(Path(tempfile.gettempdir()) / "zoo-demo-curves")]
+    allowed = [str(CURVES_DIR)]
+    allowed += [c for c in (registry.curve(n) for n in registry.names()) if c and not c.startswith(str(CURVES_DIR))]
     return demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=not block,
                        css=CSS, show_error=True, footer_links=["api", "gradio"], max_threads=8,
                        allowed_paths=allowed)

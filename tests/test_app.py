@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -361,3 +362,24 @@ def test_make_demo_honours_gradio_server_port():
     out = subprocess.run(["make", "-n", "demo", "PORT=8123"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=60)
     assert "app.py --port 8123" in out.stdout
+
+
+def test_only_curve_images_are_served_as_files(served, model_root):
+    """The file route serves curve images, never weights, configs or anything else in a model folder."""
+    _, url, registry = served
+    base = url.rstrip("/")
+
+    def get(path: Path) -> int:
+        try:
+            with urllib.request.urlopen(f"{base}/gradio_api/file={path}", timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    curve = registry.curve("tiny-alstm")
+    assert curve and get(Path(curve)) == 200
+    for name in ("tiny-alstm", "tiny-lstm"):
+        for f in ("model.safetensors", "config.json", "vocab.json"):
+            assert get(model_root / name / f) in (403, 404), f
+    assert get(app.REPO / "zoo" / "catalog.json") in (403, 404)
+    assert get(app.REPO / "model_cards" / "alstm-ptb-5m-light.eval.json") in (403, 404)
