@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -55,6 +56,13 @@ MAX_NEW_TOKENS = 500
 MAX_TRACE_TOKENS = 500
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 200
+#: What the Adaptation tab's legend names mean (the names come from the models' ``adaptation_signals``).
+ADAPTATION_LEGEND = """**Legend.** aLSTM (Flennerhag et al. 2018), the adaptation vectors of each layer:
+`pi_x` scales the layer's input before the input projection and `pi_h` the previous hidden state before the
+recurrent projection (input-side adaptation, IO policy only); `pi_ih` and `pi_hh` scale the outputs of the input
+and recurrent projections, per gate and unit; `pi_b` is the adaptive bias (when the model has one).
+HyperLSTM (Ha et al. 2017): `d_ix` ... `d_oh` scale the input (`x`) and recurrent (`h`) projections of gates
+i, j (the cell candidate), f and o; `beta_i` ... `beta_o` are the dynamic biases of those gates."""
 #: Where curves drawn from training logs are written (served: see ``launch``).
 CURVES_DIR = Path(tempfile.gettempdir()) / "zoo-demo-curves"
 #: Loaded models kept in memory (least recently used is dropped).
@@ -70,8 +78,11 @@ SEQ_STOPS = [(255, 255, 255), (255, 237, 160), (254, 178, 76), (240, 59, 32), (1
 DIV_STOPS = [(33, 102, 172), (146, 197, 222), (255, 255, 255), (244, 165, 130), (178, 24, 43)]
 CSS = """
 .zoo-heat {line-height: 1.9; font-family: ui-monospace, monospace; font-size: 14px; word-wrap: break-word;}
-.zoo-heat .tok {padding: 1px 2px; border-radius: 3px; white-space: pre;}
-.zoo-pair {display: grid; grid-template-columns: 1fr 1fr; gap: 20px;}
+.zoo-heat .tok {padding: 1px 2px; border-radius: 3px; white-space: pre-wrap;}
+.zoo-heat.zoo-chars .zoo-text {word-break: break-all; overflow-wrap: anywhere;}
+.zoo-heat .zoo-text {max-width: 100%; overflow-wrap: anywhere;}
+.zoo-pair {display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 20px;}
+.zoo-pair > div {min-width: 0;}
 .zoo-legend {display: flex; align-items: center; gap: 8px; font-size: 12px; margin: 6px 0 12px 0;}
 .zoo-legend .bar {width: 220px; height: 12px; border: 1px solid #999; border-radius: 2px;}
 """
@@ -194,6 +205,9 @@ class ModelRegistry:
                 if text.startswith("---"):  # drop the YAML front matter, the table shows its content
                     end = text.find("\n---", 3)
                     text = text[end + 4:] if end > 0 else text
+                # a card's images are relative to its folder, which the demo does not serve (weights live
+                # there): the curve is shown beside the card instead, so the links go, with a pointer
+                text = re.sub(r"!\[([^\]]*)\]\([^)\s]+\)", r"*(\1: shown under 'training curve')*", text)
                 return text.strip()
         return f"*No model card bundled for `{name}`.*"
 
@@ -288,7 +302,8 @@ def heatmap_html(tokens: list[str], values: list[float], *, is_char: bool, vmax:
     legend = (f'<div class="zoo-legend"><span>{html.escape(caption)}</span><span>{lo}</span>'
               f'<span class="bar" style="background: {_css_gradient(stops)};"></span>'
               f'<span>{"+" if diverging else ""}{vmax:.1f} {unit}</span></div>')
-    return f'<div class="zoo-heat {elem_class}">{legend}<div class="zoo-text">{"".join(parts)}</div></div>'
+    kind = "zoo-chars" if is_char else "zoo-words"  # characters: no spaces between spans, so wrap anywhere
+    return f'<div class="zoo-heat {kind} {elem_class}">{legend}<div class="zoo-text">{"".join(parts)}</div></div>'
 
 
 def _score_one(model: ZooModel, text: str) -> dict[str, Any]:
@@ -488,9 +503,10 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
             with gr.Tab("Score", id="score"):
                 s_text = gr.Textbox(label="Text", lines=5, value=EXAMPLE, elem_id="score-text")
                 with gr.Row():
-                    s_model = gr.Dropdown(names, value=default, label="Model", allow_custom_value=True)
+                    s_model = gr.Dropdown(names, value=default, label="Model", allow_custom_value=True,
+                                          elem_id="score-model")
                     s_cmp = gr.Dropdown([NONE_CHOICE] + names, value=NONE_CHOICE, label="Compare with",
-                                        allow_custom_value=True)
+                                        allow_custom_value=True, elem_id="score-compare")
                 s_btn = gr.Button("Score", variant="primary", elem_id="score-btn")
                 s_sum = gr.Markdown(elem_id="score-summary")
                 s_html = gr.HTML(elem_id="score-heatmap")
@@ -500,7 +516,7 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
 
             with gr.Tab("Generate", id="generate"):
                 g_prompt = gr.Textbox(label="Prompt", lines=2, value="the stock market", elem_id="gen-prompt")
-                g_model = gr.Dropdown(names, value=default, label="Model", allow_custom_value=True)
+                g_model = gr.Dropdown(names, value=default, label="Model", allow_custom_value=True, elem_id="gen-model")
                 with gr.Row():
                     g_n = gr.Slider(1, MAX_NEW_TOKENS, value=50, step=1, label="max_new_tokens")
                     g_temp = gr.Slider(0.0, MAX_TEMPERATURE, value=1.0, step=0.05, label="temperature (0 = greedy)")
@@ -525,13 +541,14 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
                             "the adaptation vectors π (and for a HyperLSTM the scaling vectors d and biases β) are "
                             "recomputed at every step; the plot shows ‖s_t − s_{t−1}‖₂ per vector, per layer, "
                             "as in the weight-change figure of the HyperNetworks paper.")
+                gr.Markdown(ADAPTATION_LEGEND, elem_id="adapt-legend")
                 a_text = gr.Textbox(label="Text", lines=4, value=EXAMPLE, elem_id="adapt-text-in")
-                a_model = gr.Dropdown(names, value=adaptive[0] if adaptive else None, label="Model",
-                                      allow_custom_value=True)
+                a_model = gr.Dropdown(names, value=default if default in adaptive else (adaptive or [None])[0],
+                                      label="Model", allow_custom_value=True, elem_id="adapt-model")
                 a_btn = gr.Button("Trace the adaptation", variant="primary", elem_id="adapt-btn")
                 a_msg = gr.Markdown()
-                a_html = gr.HTML()
-                a_plot = gr.Plot(label="adaptation change per token", format="png")
+                a_html = gr.HTML(elem_id="adapt-html")
+                a_plot = gr.Plot(label="adaptation change per token", format="png", elem_id="adapt-plot")
                 with gr.Accordion("Raw trace (JSON)", open=False):
                     a_json = gr.JSON(label="trace")
                 a_btn.click(h["adaptation"], [a_text, a_model], [a_msg, a_html, a_plot, a_json],
@@ -540,14 +557,15 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
             with gr.Tab("Models", id="models"):
                 gr.Dataframe(registry.table(), headers=["name", "architecture", "data", "parameters", "valid",
                                                         "test", "metric", "source"],
-                             interactive=False, label="Catalogue (valid/test: perplexity or bits per character)")
-                m_model = gr.Dropdown(names, value=default, label="Model", allow_custom_value=True)
-                with gr.Row():
-                    with gr.Column(scale=3):
-                        m_card = gr.Markdown()
-                    with gr.Column(scale=2):
-                        m_curve = gr.Image(label="training curve", type="filepath", interactive=False)
-                        m_details = gr.JSON(label="details")
+                             interactive=False, label="Catalogue (valid/test: perplexity or bits per character)",
+                             wrap=True, elem_id="models-table")
+                m_model = gr.Dropdown(names, value=default, label="Model", allow_custom_value=True,
+                                      elem_id="models-model")
+                with gr.Row():  # curve and details side by side, the card below at full width (its tables)
+                    m_curve = gr.Image(label="training curve", type="filepath", interactive=False,
+                                       elem_id="models-curve", height=360)
+                    m_details = gr.JSON(label="details", height=360)
+                m_card = gr.Markdown(elem_id="models-card")
                 m_model.change(h["model_info"], m_model, [m_card, m_details, m_curve], api_name="model_info",
                                concurrency_limit=CONCURRENCY)
                 if default:
