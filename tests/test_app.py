@@ -383,3 +383,14 @@ def test_only_curve_images_are_served_as_files(served, model_root):
             assert get(model_root / name / f) in (403, 404), f
     assert get(app.REPO / "zoo" / "catalog.json") in (403, 404)
     assert get(app.REPO / "model_cards" / "alstm-ptb-5m-light.eval.json") in (403, 404)
+
+
+def test_busy_port_is_one_line_and_exit_2():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run([sys.executable, "app.py", "--port", str(port)], cwd=REPO, capture_output=True,
+                              text=True, timeout=180)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"port {port}" in proc.stderr and "--port N" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
