@@ -584,9 +584,34 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bo
     registry: ModelRegistry = demo.zoo_registry  # type: ignore[attr-defined]
     allowed = [str(CURVES_DIR)]
     allowed += [c for c in (registry.curve(n) for n in registry.names()) if c and not c.startswith(str(CURVES_DIR))]
+    from starlette.middleware import Middleware
+
+    known = {fn.api_name for fn in demo.fns.values() if fn.api_name and getattr(fn, "api_visibility", "public")
+             == "public"}
     return demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=not block,
                        css=CSS, show_error=True, footer_links=["api", "gradio"], max_threads=8,
-                       allowed_paths=allowed)
+                       allowed_paths=allowed, app_kwargs={"middleware": [Middleware(UnknownEndpoint, known=known)]})
+
+
+class UnknownEndpoint:
+    """ASGI guard: a call to an API endpoint that does not exist gets 404 naming the real ones (Gradio answered
+    500, as for a server fault)."""
+
+    def __init__(self, app: Any, known: set[str]):
+        self.app, self.known = app, known
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            m = re.match(r"^/gradio_api/(?:call|run)/([^/]+)", scope.get("path", ""))
+            if m and m[1] not in self.known:
+                body = json.dumps({"detail": f"unknown API endpoint {m[1]!r}; the endpoints are "
+                                             + ", ".join(f"/{n}" for n in sorted(self.known))}).encode()
+                await send({"type": "http.response.start", "status": 404,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

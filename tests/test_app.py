@@ -394,3 +394,16 @@ def test_busy_port_is_one_line_and_exit_2():
                               text=True, timeout=180)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"port {port}" in proc.stderr and "--port N" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_api_endpoint_is_404_and_the_app_stays_up(served):
+    client, url, _ = served
+    for route in ("call", "run"):
+        req = urllib.request.Request(f"{url.rstrip('/')}/gradio_api/{route}/no_such_endpoint", data=b'{"data": []}',
+                                     method="POST", headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=30)
+        assert info.value.code == 404
+        assert "/score" in json.loads(info.value.read())["detail"]
+    report, _, _ = client.predict("the cat", "tiny-alstm", app.NONE_CHOICE, api_name="/score")
+    assert report["models"][0]["num_tokens"] == 3

@@ -72,6 +72,9 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
         ax2.plot(minutes, ys, marker="o", ms=3, label=label)
     ylabel = YLABELS.get(metric, metric)
     ax1.set(xlabel="epoch", ylabel=ylabel, yscale="log")
+    from matplotlib.ticker import MaxNLocator
+
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     ax2.set(xlabel="training minutes (excluding evaluation)", ylabel=ylabel, yscale="log")
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
