@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -270,3 +271,36 @@ def test_sigterm_to_parallel_training_stops_every_run_with_a_checkpoint(tmp_path
         log = [json.loads(x) for x in (runs / name / "log.jsonl").read_text().splitlines()]
         assert any(r.get("event") == "interrupted" for r in log), name
         assert (runs / name / "checkpoint" / "meta.json").is_file()
+
+
+def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_logging_with_the_jsonl_log_as_record(tmp_path, tiny_data):
+    """`zoo train --log-to tensorboard`: step-level loss and lr every N steps, epoch validation equal to log.jsonl;
+    after a SIGTERM and --resume the curves continue without a step written twice."""
+    recipe = write_recipe(tmp_path / "r.toml", epochs=2)
+    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu", "--log-to", "tensorboard",
+            "--log-every-steps", "5", "--run-dir", str(tmp_path / "run")]
+    stopped = zoo(*base, "--crash-after-steps", "12", "--crash-signal", "TERM")
+    assert stopped.returncode == 128 + 15, stopped.stderr[-2000:]
+    done = zoo(*base, "--resume")
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    epochs = [r for r in log if "valid_ppl" in r]
+    tb = _scalars(tmp_path / "run" / "tensorboard")
+    assert [v for _, v in tb["epoch/valid_ppl"]] == pytest.approx([r["valid_ppl"] for r in epochs], rel=1e-6)
+    steps = [s for s, _ in tb["train/loss"]]
+    assert steps == sorted(set(steps)) and steps[0] == 5 and all(s % 5 == 0 for s in steps)  # none twice
+    assert len(steps) >= 4 and all(math.isfinite(v) and v > 0 for _, v in tb["train/loss"])
+    assert all(v == pytest.approx(0.003) for _, v in tb["train/lr"])  # stored as float32
+
+
+def test_unknown_log_target_is_a_clear_error(tmp_path, tiny_data):
+    proc = zoo("train", str(write_recipe(tmp_path / "r.toml")), "--log-to", "wandb", "--data-dir", str(tiny_data))
+    assert proc.returncode == 2 and "invalid choice: 'wandb'" in proc.stderr

@@ -187,8 +187,9 @@ def _train_parallel(args: argparse.Namespace) -> int:
     failed = []
     passthrough = [f for flag, val in (("--data-dir", args.data_dir), ("--device", args.device),
                                        ("--epochs", args.epochs), ("--max-minutes", args.max_minutes),
-                                       ("--precision", args.precision))
-                   if val is not None for f in (flag, str(val))] + (["--resume"] if args.resume else [])
+                                       ("--precision", args.precision), ("--log-every-steps", args.log_every_steps))
+                   if val is not None for f in (flag, str(val))] + (["--resume"] if args.resume else []) \
+        + [f for target in args.log_to or () for f in ("--log-to", target)]
     # Why: each child would otherwise start one intra-op thread per core, and N jobs on the same cores
     # then fight over them; split the cores between the jobs unless the caller chose a thread count. Two one-thread
     # runs side by side beat one two-thread run at a time in total tokens/s for the tier recipes (the recurrent
@@ -249,7 +250,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / recipe.name
     trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
                       crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps,
-                      crash_signal=getattr(signal, f"SIG{args.crash_signal}"))
+                      crash_signal=getattr(signal, f"SIG{args.crash_signal}"), log_to=tuple(args.log_to or ()),
+                      log_every_steps=args.log_every_steps)
     try:
         result = trainer.run(resume=args.resume)
     except Interrupted as e:
@@ -358,6 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--precision", choices=list(PRECISIONS),
                     help="compute precision of training (default: the recipe's, else fp32); bf16 is mixed "
                          "precision with float32 weights and checkpoints (see zoo/precision.py)")
+    sp.add_argument("--log-to", action="append", choices=["tensorboard"],
+                    help="also log to TensorBoard (RUN_DIR/tensorboard: step-level loss and lr, epoch validation; "
+                         "log.jsonl stays the source of record); view with `tensorboard --logdir runs`")
+    sp.add_argument("--log-every-steps", type=int, default=50, help="steps between TensorBoard loss points")
     sp.add_argument("--checkpoint-every-steps", type=int, default=0, help=argparse.SUPPRESS)
     sp.add_argument("--crash-after-steps", type=int, default=0, help=argparse.SUPPRESS)
     sp.add_argument("--crash-signal", default="KILL", choices=["KILL", "TERM", "INT"], help=argparse.SUPPRESS)

@@ -180,7 +180,8 @@ class Trainer:
 
     def __init__(self, recipe: Recipe, run_dir: str | os.PathLike, data_dir: str | None = None,
                  device: str | None = None, progress: bool = True, crash_after_steps: int = 0,
-                 checkpoint_every_steps: int = 0, crash_signal: int = signal.SIGKILL):
+                 checkpoint_every_steps: int = 0, crash_signal: int = signal.SIGKILL,
+                 log_to: tuple[str, ...] = (), log_every_steps: int = 50):
         self.recipe, self.cfg = recipe, recipe.train
         self.run_dir = Path(run_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -196,6 +197,14 @@ class Trainer:
         self.crash_signal = crash_signal            # (SIGKILL: a crash; SIGTERM / SIGINT: a polite stop)
         self._stop_signal = 0                       # set by the SIGTERM / SIGINT handler of run()
         self.checkpoint_every_steps = checkpoint_every_steps
+        unknown = set(log_to) - set(LOG_TARGETS)
+        if unknown:
+            raise ValueError(f"unknown log target(s) {sorted(unknown)}; known: {', '.join(LOG_TARGETS)}")
+        if log_every_steps < 1:
+            raise ValueError("log_every_steps must be >= 1")
+        self.log_to, self.log_every_steps = tuple(log_to), log_every_steps
+        self._tb: Any = None          # the TensorBoard writer, opened by run() on rank 0
+        self._tb_loss = [0.0, 0]      # loss sum and steps since the last step-level record
         self.corpus: Corpus = load_corpus(recipe.dataset, data_dir)
         self.tokenizer = Tokenizer(self.corpus.vocab, NORMALIZATION[recipe.dataset])
         torch.manual_seed(recipe.seed)
@@ -432,8 +441,15 @@ class Trainer:
                       file=sys.stderr, flush=True)
             if (self.run_dir / "log.jsonl").exists() and self.rank == 0:
                 (self.run_dir / "log.jsonl").unlink()
-        with _stop_on_signals(self):
-            return self._run()
+        if "tensorboard" in self.log_to and self.rank == 0:
+            self._tb = _tensorboard_writer(self.run_dir / "tensorboard", self.step)
+        try:
+            with _stop_on_signals(self):
+                return self._run()
+        finally:
+            if self._tb is not None:
+                self._tb.close()
+                self._tb = None
 
     def _run(self) -> dict[str, Any]:
         self.model.train()
@@ -465,6 +481,8 @@ class Trainer:
                 self.pos = new_pos
                 self.step += 1
                 steps_since_start += 1
+                if self._tb is not None:
+                    self._tb_step(loss)
                 if self.progress and self.step % 20 == 0:
                     bar.set_postfix(loss=f"{self.epoch_loss / self.epoch_tokens:.3f}", lr=f"{self.lr:.3g}")
                 now = time.time()
@@ -513,6 +531,11 @@ class Trainer:
                max(1e-9, self.epoch_seconds), "optimizer": "asgd" if self.asgd else self.cfg.optimizer,
                "best": improved, "wall_seconds": time.time() - self._start_wall}
         self._log_line(rec)
+        if self._tb is not None:
+            for key in ("train_ppl", "valid_ppl", "valid_loss", "tokens_per_s"):
+                self._tb.add_scalar(f"epoch/{key}", rec[key], self.epoch)
+            self._tb.add_scalar("valid/ppl", rec["valid_ppl"], self.step)
+            self._tb.flush()
         if self.cfg.optimizer == "ntasgd" and not self.asgd:
             if nonmonotone_trigger(self.history, val["avg_nll"], self.cfg.nonmono):
                 self.asgd = True
@@ -569,6 +592,15 @@ class Trainer:
         return {"dtype": self.cfg.save_dtype, "valid": rv, "test": rt,
                 "valid_ppl_change": rv["ppl"] / valid["ppl"] - 1, "test_ppl_change": rt["ppl"] / test["ppl"] - 1}
 
+    def _tb_step(self, loss: float) -> None:
+        """Step-level TensorBoard scalars: the mean training loss of the last ``log_every_steps`` steps, the lr."""
+        self._tb_loss[0] += loss
+        self._tb_loss[1] += 1
+        if self.step % self.log_every_steps == 0:
+            self._tb.add_scalar("train/loss", self._tb_loss[0] / self._tb_loss[1], self.step)
+            self._tb.add_scalar("train/lr", self.lr, self.step)
+            self._tb_loss = [0.0, 0]
+
     def _log_line(self, rec: dict[str, Any]) -> None:
         if self.rank != 0:
             return
@@ -579,6 +611,21 @@ class Trainer:
         if self.progress and "valid_ppl" in rec:
             tqdm.write(f"epoch {rec['epoch']}: train ppl {rec['train_ppl']:.2f}  valid ppl {rec['valid_ppl']:.2f}  "
                        f"lr {rec['lr']:.3g}  {rec['tokens_per_s']:.0f} tok/s")
+
+
+#: Where ``zoo train --log-to`` can send metrics besides ``log.jsonl`` (always written: the source of record).
+LOG_TARGETS = ("tensorboard",)
+
+
+def _tensorboard_writer(logdir: Path, step: int) -> Any:
+    """A TensorBoard ``SummaryWriter`` in ``logdir``. On a resume, events past ``step`` (written after the
+    checkpoint the run resumes from) are purged, so the curves never show a step twice."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:  # torch's writer needs the tensorboard package
+        raise ValueError("--log-to tensorboard needs the tensorboard package: pip install 'alstm-zoo[train]' "
+                         f"({e})") from None
+    return SummaryWriter(str(logdir), purge_step=step or None)
 
 
 class Interrupted(Exception):
