@@ -584,6 +584,37 @@ def test_refresh_keys_and_a_refused_key_explained(server, capsys):
         key_file.write_text(json.dumps(new))
 
 
+def test_grpc_is_on_loopback_behind_the_same_auth_and_cannot_register(server):
+    """TorchServe's gRPC servers (always on): the same token authorisation as HTTP, and RegisterModel refused
+    with and without the management key (model registration is off on every API). Raw unary calls with empty
+    request messages (valid protobuf: all defaults), so no generated stubs are needed."""
+    grpc = pytest.importorskip("grpc")
+    cfg = json.loads((server.run_dir / "server.json").read_text())["config"]
+    keys = json.loads((server.run_dir / "key_file.json").read_text())
+
+    def call(port: int, method: str, key: str | None):
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            fn = channel.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            try:
+                return "OK", fn(b"", metadata=[("authorization", f"Bearer {key}")] if key else None, timeout=20)
+            except grpc.RpcError as e:
+                return e.code().name, e.details() or ""
+        finally:
+            channel.close()
+
+    ping = "/org.pytorch.serve.grpc.inference.InferenceAPIsService/Ping"
+    register = "/org.pytorch.serve.grpc.management.ManagementAPIsService/RegisterModel"
+    code, detail = call(cfg["grpc_inference_port"], ping, None)
+    assert code == "PERMISSION_DENIED" and "Token" in detail
+    code, reply = call(cfg["grpc_inference_port"], ping, server.key)
+    assert code == "OK" and b"Healthy" in reply
+    code, detail = call(cfg["grpc_management_port"], register, None)
+    assert code == "PERMISSION_DENIED" and "Token" in detail
+    code, detail = call(cfg["grpc_management_port"], register, keys["management"]["key"])
+    assert code == "PERMISSION_DENIED" and "Model API disabled" in detail
+
+
 def test_stop_by_pid(server, capsys):
     info = json.loads(_cli(capsys, "serve", "status", "--run-dir", str(server.run_dir), "--json")[1])
     pids = [info["pid"]] + [w["pid"] for w in info["models"][server.name]]
@@ -688,4 +719,5 @@ def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch,
         assert [t["nll"] for t in r.json()["texts"]] == pytest.approx([t["nll"] for t in eager.texts], rel=1e-4)
     finally:
         stop_server(run_dir)
+
 
