@@ -142,15 +142,18 @@ def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
             res["tokens"] = [{"token": t, "id": i, "logprob": float(v)}
                              for t, i, v in zip(enc.tokens, enc.ids, lp.tolist(), strict=True)]
         results.append(res)
-    corpus = summarize(sum(r["nll"] for r in results), sum(r["num_tokens"] for r in results),
-                       sum(e.num_chars for e in encs))
+    return ScoreReport(results, aggregate(results, sum(e.num_chars for e in encs), tokenizer))
+
+
+def aggregate(results: list[dict[str, Any]], num_chars: int, tokenizer: Tokenizer) -> dict[str, Any]:
+    """The token-weighted aggregate of per-text results (``num_chars``: the texts' raw characters), with its own
+    warnings: a corpus's numbers are never the mean of per-text perplexities."""
+    corpus = summarize(sum(r["nll"] for r in results), sum(r["num_tokens"] for r in results), num_chars)
     corpus["num_texts"] = len(results)
-    corpus["oov"] = sum(r["oov"] for r in results)
-    corpus["num_unk"] = sum(r["num_unk"] for r in results)
-    corpus["num_dropped"] = sum(r["num_dropped"] for r in results)
-    corpus["num_visible_chars"] = sum(r["num_visible_chars"] for r in results)
+    for key in ("oov", "num_unk", "num_dropped", "num_visible_chars"):
+        corpus[key] = sum(r[key] for r in results)
     corpus["warnings"] = warnings_for(corpus, tokenizer)
-    return ScoreReport(results, corpus)
+    return corpus
 
 
 def warnings_for(res: dict[str, Any], tokenizer: Tokenizer) -> list[str]:

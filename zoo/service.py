@@ -27,7 +27,7 @@ from typing import Any
 
 from zoo.errors import InvalidRequest
 from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
-from zoo.scoring import summarize, warnings_for
+from zoo.scoring import aggregate
 from zoo.validate import as_bool, as_int, check_text, surrogate_position
 
 log = logging.getLogger(__name__)
@@ -279,13 +279,5 @@ class Service:
 
 
 def corpus_of(results: list[dict[str, Any]], texts: Sequence[str], tokenizer: Any) -> dict[str, Any]:
-    """The token-weighted aggregate over one request's texts (what ``zoo.scoring.score_texts`` reports)."""
-    corpus = summarize(sum(r["nll"] for r in results), sum(r["num_tokens"] for r in results),
-                       sum(len(t) for t in texts))
-    corpus["num_texts"] = len(results)
-    corpus["oov"] = sum(r["oov"] for r in results)
-    corpus["num_unk"] = sum(r["num_unk"] for r in results)
-    corpus["num_dropped"] = sum(r["num_dropped"] for r in results)
-    corpus["num_visible_chars"] = sum(r["num_visible_chars"] for r in results)
-    corpus["warnings"] = warnings_for(corpus, tokenizer)
-    return corpus
+    """The token-weighted aggregate over one request's texts: :func:`zoo.scoring.aggregate`, as the library's."""
+    return aggregate(results, sum(len(t) for t in texts), tokenizer)
