@@ -8,6 +8,13 @@ STAMP := $(VENV)/.installed-stamp
 OLAH_VENV := .venv-olah
 OLAH_STAMP := $(OLAH_VENV)/.installed-stamp
 PORT ?= $(or $(GRADIO_SERVER_PORT),7860)
+# The library asks for torch>=2.4; the checkout pins the local CPU wheel (an unpinned torch pulls a CUDA build).
+TORCH_PIN := torch==2.13.0
+CONSTRAINTS := $(VENV)/constraints.txt
+# The checkout's folders, given to the library through the environment of this venv's interpreter (a .pth file):
+# the library itself assumes no repository layout.
+CHECKOUT_STAMP := $(VENV)/.checkout-stamp
+DATA_DIR ?= $(abspath ../shared/data)
 
 .PHONY: demo test venv system-deps olah lint bench clean help
 
@@ -20,12 +27,18 @@ help:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[all]'
+	echo "$(TORCH_PIN)" > $(CONSTRAINTS)
+	$(PY) -m pip install -q -c $(CONSTRAINTS) $(TORCH_PIN)
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[all]'
 	$(VENV)/bin/zoo build-ext || echo "(the C++ inference loops did not build: the Python loops will be used)"
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(CHECKOUT_STAMP): $(STAMP) Makefile
+	echo 'import os; os.environ.setdefault("ZOO_DATA_DIR", "$(DATA_DIR)"); os.environ.setdefault("ZOO_EXPORTS_DIR", "$(CURDIR)/exports/out")' \
+		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zoo_checkout.pth"
+	touch $@
+
+venv: $(STAMP) $(CHECKOUT_STAMP)
 
 # olah (the local Hub mirror used by the Hub tests) pins psutil, so it lives in its own venv.
 $(OLAH_STAMP):

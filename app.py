@@ -40,11 +40,13 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 import zoo  # noqa: E402
 from zoo.adaptation import AdaptationTrace, trace_text  # noqa: E402
+from zoo.catalog import bundled_dir, catalog  # noqa: E402
 from zoo.checkpoint import CheckpointError, read_config  # noqa: E402
 from zoo.errors import InvalidRequest  # noqa: E402
-from zoo.plots import label_log_axis  # noqa: E402
-from zoo.pretrained import ZooModel, bundled_dir, catalog  # noqa: E402
+from zoo.pretrained import ZooModel  # noqa: E402
+from zoo.registry import ARCHITECTURES  # noqa: E402
 from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request  # noqa: E402
+from zoo.tools.plots import label_log_axis  # noqa: E402
 
 log = logging.getLogger("zoo.demo")
 REPO = Path(__file__).resolve().parent
@@ -185,7 +187,8 @@ class ModelRegistry:
             return model
 
     def has_adaptation(self, name: str) -> bool:
-        return self.entries[name]["meta"].get("architecture") in ("alstm", "hyperlstm")
+        arch = self.entries[name]["meta"].get("architecture")
+        return arch in ARCHITECTURES and ARCHITECTURES[arch].adapts
 
     def table(self) -> list[list[Any]]:
         rows = []

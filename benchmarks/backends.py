@@ -17,7 +17,7 @@ an *untrained* model of a recipe's exact size (timing does not depend on the wei
     python benchmarks/backends.py --model runs/x/best --recipe hyperlstm-ptb-5m-medium
 
 Writes benchmarks/results/backends.json and the markdown table next to it (backends.md), prints the table,
-then regenerates the READMEs (``python -m zoo.readme``: the ``backends-table`` section of exports/README.md).
+then regenerates the READMEs (``python -m zoo.tools.readme``: the ``backends-table`` section of exports/README.md).
 """
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ from typing import Any
 
 import torch
 
-from zoo.backends import cpu_cores, make_runner
+from zoo.backends import backend_names, cpu_cores, get_backend, make_runner
+from zoo.catalog import bundled_dir
 from zoo.export import export_model
-from zoo.pretrained import BUNDLED_DIR, ZooModel
-from zoo.readme import write_result
+from zoo.pretrained import ZooModel
+from zoo.tools.readme import write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BACKENDS = ("eager", "torchscript", "onnx", "onnx-int8")
+BACKENDS = tuple(backend_names())
 #: Rows of the table: the backends, plus eager PyTorch limited to one thread. Why the extra row: on a
 #: small machine shared with other work, torch's intra-op threads wait for a free core at every parallel
 #: op, which dominates small per-token ops; one thread shows eager without that cost.
@@ -51,23 +52,24 @@ ROWS = ("eager", "eager-1thread", "torchscript", "onnx", "onnx-int8")
 def recipe_model(name: str) -> ZooModel:
     """An untrained model with a recipe's architecture and sizes, and the PTB-sized vocabulary."""
     from zoo.data import load_corpus
+    from zoo.datasets import get_dataset
     from zoo.lm import LanguageModel
     from zoo.tokenizer import Tokenizer
-    from zoo.train import NORMALIZATION, Recipe, recipe_path
+    from zoo.train import Recipe, recipe_path
 
     recipe = Recipe.load(recipe_path(name))
     vocab = load_corpus(recipe.dataset).vocab
     torch.manual_seed(recipe.seed)
     lm = LanguageModel(**{**recipe.model, "vocab_size": len(vocab)}).eval()
-    model = ZooModel(lm, Tokenizer(vocab, NORMALIZATION[recipe.dataset]), {"name": f"{recipe.name}"},
+    model = ZooModel(lm, Tokenizer(vocab, get_dataset(recipe.dataset).normalization), {"name": f"{recipe.name}"},
                      name=f"{recipe.name} (untrained)")
     return model
 
 
 def load_models(args: argparse.Namespace) -> list[tuple[ZooModel, str]]:
     models: list[tuple[ZooModel, str]] = []
-    if not args.no_bundled and BUNDLED_DIR.is_dir():
-        for d in sorted(p for p in BUNDLED_DIR.iterdir() if (p / "config.json").is_file()):
+    if not args.no_bundled and bundled_dir().is_dir():
+        for d in sorted(p for p in bundled_dir().iterdir() if (p / "config.json").is_file()):
             models.append((ZooModel.from_pretrained(d, source="bundled", name=d.name), "bundled"))
     for path in args.model:
         model = ZooModel.from_pretrained(path)
@@ -109,8 +111,8 @@ def bench_model(model: ZooModel, args: argparse.Namespace, workdir: Path) -> dic
     t0 = time.perf_counter()
     manifests = export_model(model, workdir, quantize="int8", verify=True)
     export_s = time.perf_counter() - t0
-    runners = {b: make_runner(model, b, None if b == "eager" else
-                              workdir / ("torchscript" if b == "torchscript" else "onnx")) for b in BACKENDS}
+    runners = {b: make_runner(model, b, workdir / get_backend(b).format if get_backend(b).format else None)
+               for b in BACKENDS}
     runners["eager-1thread"] = runners["eager"]
     views = {b: ZooModel(model.lm, model.tokenizer, model.config, name=model.name, runner=r, backend=b)
              for b, r in runners.items()}

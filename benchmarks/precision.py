@@ -485,7 +485,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_name(out.stem + "_context.json").write_text(json.dumps(ctx, indent=2) + "\n")
-    from zoo.readme import write_result
+    from zoo.tools.readme import write_result
 
     write_result(out, records, table)
 

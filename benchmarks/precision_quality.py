@@ -104,7 +104,7 @@ def main() -> None:
         r["cpu"] = cpu
     table = markdown(rows, cpu)
     print(table)
-    from zoo.readme import write_result
+    from zoo.tools.readme import write_result
 
     write_result(args.out, rows, table)
 

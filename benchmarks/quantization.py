@@ -9,7 +9,7 @@ graph (target: at most 1%), file sizes and evaluation times.
     python benchmarks/quantization.py --model runs/lstm-ptb-zaremba-small/best
 
 Writes benchmarks/results/quantization.json and the markdown table next to it (quantization.md), then
-regenerates the READMEs (``python -m zoo.readme``: the ``quantization`` section of exports/README.md).
+regenerates the READMEs (``python -m zoo.tools.readme``: the ``quantization`` section of exports/README.md).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from zoo.backends import make_runner
+from zoo.datasets import dataset_names
 from zoo.export import export_model
 from zoo.pretrained import ZooModel, load
-from zoo.readme import write_result
+from zoo.tools.readme import write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_REL_CHANGE = 0.01
@@ -87,7 +88,7 @@ def markdown(r: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", help="catalogue name or checkpoint directory (default: default)")
-    ap.add_argument("--dataset", default="ptb", choices=["ptb", "ptb-char", "wikitext-2"])
+    ap.add_argument("--dataset", default="ptb", choices=dataset_names())
     ap.add_argument("--split", default="test", choices=["train", "valid", "test"])
     ap.add_argument("--batch-size", type=int, default=10)
     ap.add_argument("--bptt", type=int, default=70)

@@ -1,6 +1,6 @@
 """Load test of the TorchServe deployment on loopback: batching on vs off.
 
-For each setting a fresh server is started (``zoo.serve.start_server``: token auth on, its own run dir
+For each setting a fresh server is started (``zoo.tools.serve.start_server``: token auth on, its own run dir
 and free ports), warmed up, then ``--clients`` threads each send score requests back to back for
 ``--duration`` seconds: one PTB test sentence per request (``{"task": "score", "texts": [s]}``),
 cycling through the test set. Reported: requests/s, p50/p99 latency, errors (any non-200 reply or
@@ -10,7 +10,7 @@ exception: must be 0), and the mean batch size the handler saw (its ``X-Zoo-Batc
     python benchmarks/serving.py --model path/to/ckpt --duration 10
 
 Writes benchmarks/results/serving.json and the markdown table next to it (serving.md), prints the table,
-then regenerates the READMEs (``python -m zoo.readme``: the ``serving-benchmark`` section of
+then regenerates the READMEs (``python -m zoo.tools.readme``: the ``serving-benchmark`` section of
 serving/README.md). Clients and server share the machine, so absolute numbers depend on its load; the
 on/off ratio is the comparable figure.
 """
@@ -32,8 +32,8 @@ from tqdm.auto import tqdm
 
 from zoo.data import DataError, corpus_files
 from zoo.pretrained import ZooModel
-from zoo.readme import write_result
-from zoo.serve import (
+from zoo.tools.readme import write_result
+from zoo.tools.serve import (
     ArchiveOptions,
     ServerConfig,
     parse_model_spec,

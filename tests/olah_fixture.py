@@ -55,9 +55,9 @@ _RUNS: dict[str, Path] = {}
 
 
 def _data_dir() -> Path:
-    from zoo.data import default_data_dir, resolve_data_dir
+    from zoo.data import resolve_data_dir
 
-    return resolve_data_dir(None) if resolve_data_dir(None).exists() else default_data_dir()
+    return resolve_data_dir(None)
 
 
 def make_tiny_data(root: Path) -> Path:
@@ -202,7 +202,7 @@ allow = true
 
 def bundle_into(pkg: Path, run_dir: Path, name: str, **kwargs) -> dict:
     """Bundle a run into a temporary package (``pkg/catalog.json``, ``pkg/pretrained``, ``pkg/cards``)."""
-    from zoo.bundle import bundle
+    from zoo.tools.bundle import bundle
 
     return bundle(run_dir, name, catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained",
                   cards_dir=pkg / "cards", recipe_path=recipe_file(run_dir), **kwargs)
@@ -210,7 +210,7 @@ def bundle_into(pkg: Path, run_dir: Path, name: str, **kwargs) -> dict:
 
 def real_default_bundle(catalog_file: Path | None = None) -> tuple[str, dict, Path] | None:
     """The package's real default model when it is bundled (name, catalogue entry, folder), else ``None``."""
-    from zoo.pretrained import CATALOG_FILE
+    from zoo.catalog import CATALOG_FILE
 
     catalog_file = catalog_file or CATALOG_FILE
     if not catalog_file.is_file():

@@ -16,10 +16,11 @@ from huggingface_hub import ModelCard, ModelCardData
 
 import zoo
 from tests.olah_fixture import REPO, bundle_into, recipe_file, run_main, tiny_run
-from zoo import cards
-from zoo.bundle import BundleError, bundle, catalog_problems, sha256_file
+from zoo.catalog import CATALOG_FILE
 from zoo.cli import main
-from zoo.pretrained import CATALOG_FILE
+from zoo.datasets import DATASETS
+from zoo.tools import cards
+from zoo.tools.bundle import BundleError, bundle, catalog_problems, sha256_file
 
 
 def tiny_png(path: Path) -> Path:
@@ -176,7 +177,7 @@ def test_bundled_dir_loads_and_scores(bundled):
 
 
 def test_readme_table_from_catalogue(bundled, capsys, monkeypatch):
-    from zoo.cards import short_device
+    from zoo.tools.cards import short_device
 
     monkeypatch.setenv("ZOO_CATALOG", bundled["env"]["ZOO_CATALOG"])
     code, stdout, _ = run_main(capsys, "bundle", "--readme-table")
@@ -243,7 +244,7 @@ def test_real_bundled_model_card_matches_catalogue(name):
     assert cards.release_metrics(json.loads(run_eval.read_text())) == entry["metrics"]
 
 
-@pytest.mark.parametrize("dataset", sorted(cards.DATASETS))
+@pytest.mark.parametrize("dataset", sorted(DATASETS))
 def test_card_usage_example_is_in_the_corpus_vocabulary(dataset):
     """The card's usage example is written in its corpus's normalisation: every token is known, none is <unk>.
 
@@ -251,11 +252,11 @@ def test_card_usage_example_is_in_the_corpus_vocabulary(dataset):
     vocabulary, and the first thing a reader runs would give a misleading perplexity.
     """
     from zoo.data import load_corpus
+    from zoo.datasets import get_dataset
     from zoo.tokenizer import Tokenizer
-    from zoo.train import NORMALIZATION
 
-    info = cards.DATASETS[dataset]
-    tok = Tokenizer(load_corpus(dataset).vocab, NORMALIZATION[dataset])
+    info = DATASETS[dataset]
+    tok = Tokenizer(load_corpus(dataset).vocab, get_dataset(dataset).normalization)
     for text in (info.example_text, info.example_prompt):
         enc = tok.encode(text)
         assert len(enc.ids) >= 3
@@ -265,7 +266,7 @@ def test_card_usage_example_is_in_the_corpus_vocabulary(dataset):
 def test_reference_comes_from_the_recipe_file_before_the_runs_copy(tmp_path):
     """A corrected published reference in the recipe file reaches the card without retraining; a run whose
     recipe file is gone still has the copy its eval.json recorded."""
-    from zoo.bundle import find_reference
+    from zoo.tools.bundle import find_reference
 
     old = {"valid": 1.0, "test": 2.0, "metric": "perplexity", "source": "as recorded when the run started"}
     ev = {"recipe": {"name": "no-such-recipe-anywhere", "reference": old}}

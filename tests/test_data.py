@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from zoo.data import DataError, batchify, corpus_files, get_batch, load_corpus, resolve_data_dir
@@ -27,7 +29,16 @@ def test_data_dir_resolution_order(tmp_path, monkeypatch):
     assert resolve_data_dir(tmp_path / "arg") == tmp_path / "arg"
     assert resolve_data_dir(None) == tmp_path / "env"
     monkeypatch.delenv("ZOO_DATA_DIR")
-    assert resolve_data_dir(None).parts[-2:] == ("shared", "data")
+    with pytest.raises(DataError, match="no data directory: pass --data-dir.*ZOO_DATA_DIR"):
+        resolve_data_dir(None)  # the library assumes no location of its own
+
+
+def test_checkout_venv_points_the_library_at_the_checkout_data():
+    """The checkout's .venv sets ZOO_DATA_DIR (a .pth written by `make venv`) to ../shared/data."""
+    import os
+
+    checkout_data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    assert Path(os.environ["ZOO_DATA_DIR"]).resolve() == checkout_data.resolve()
 
 
 def test_missing_data_names_the_expected_files(tmp_path):

@@ -16,12 +16,13 @@ import torch.nn.functional as F
 
 import zoo
 from zoo.backends import OnnxRunner, TorchScriptRunner
+from zoo.catalog import bundled_dir, catalog
 from zoo.checkpoint import save_checkpoint
 from zoo.cli import main
 from zoo.export import export_model, weights_sha256
 from zoo.export.common import EXAMPLE_BATCH, read_manifest
 from zoo.export.onnx_graphs import OPSET, SEQUENCE_FILE, SEQUENCE_INT8_FILE, STEP_FILE, STEP_INT8_FILE
-from zoo.pretrained import BUNDLED_DIR, ZooModel, catalog
+from zoo.pretrained import ZooModel
 
 from .conftest import tiny_lm, tiny_tokenizer
 
@@ -250,7 +251,7 @@ def test_unknown_backend_is_a_clear_error(checkpoint):
 
 def test_default_model_onnx_backend_matches_eager(monkeypatch, tmp_path):
     """The bundled default (shipped in the repository) through ONNX Runtime equals eager."""
-    assert (BUNDLED_DIR / str(catalog().get("default"))).is_dir(), "the catalogue default must be bundled"
+    assert (bundled_dir() / str(catalog().get("default"))).is_dir(), "the catalogue default must be bundled"
     monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ZOO_EXPORTS_DIR", str(tmp_path / "none"))
     eager = zoo.load("default")

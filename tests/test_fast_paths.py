@@ -270,3 +270,24 @@ def test_compiled_weights_follow_parameter_updates(variant: str) -> None:
     assert not torch.allclose(before, after)
     torch.testing.assert_close(after, ref, atol=TOL, rtol=0)
     torch.testing.assert_close(restored, before, atol=TOL, rtol=0)
+
+
+def test_a_build_lock_left_by_a_killed_build_is_cleared(tmp_path):
+    """torch's build lock file outlives a process killed mid-build, and every later load then waited for it
+    forever (seen: a test hung on `zoo eval`). Under the zoo's own flock (released by the kernel when its holder
+    dies) a torch lock file can only be such a leftover, so it is removed before torch looks for it."""
+    import subprocess
+    import sys
+
+    from zoo.models._compiled import _build_lock
+
+    (tmp_path / "lock").write_text("")
+    with _build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+    # a second process cannot enter while this one holds the lock, and can once it is released
+    probe = ("import fcntl, sys; f = open(sys.argv[1], 'w'); "
+             "sys.exit(0 if fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB) is None else 1)")
+    with _build_lock(tmp_path):
+        held = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "zoo-build.lock")], capture_output=True)
+    free = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "zoo-build.lock")], capture_output=True)
+    assert held.returncode != 0 and free.returncode == 0

@@ -31,7 +31,8 @@ from tests.olah_fixture import (
     tiny_run,
     zoo_cli,
 )
-from zoo import cards, hub
+from zoo import hub
+from zoo.tools import cards, publish
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
@@ -101,6 +102,9 @@ def olah(pkg, tmp_path_factory):
     tampered["model.safetensors"] = bytes(w)
     make_mirror(work / "mirrors", "alstm-zoo/tiny-tampered", tampered)
     make_mirror(work / "mirrors", "alstm-zoo/tiny-missing", {k: v for k, v in files.items() if k != "vocab.json"})
+    # a compatible repo published by someone else (no catalogue entry), and a repo that is not a zoo checkpoint
+    commits["someone/their-lm"] = make_mirror(work / "mirrors", "someone/their-lm", files)
+    make_mirror(work / "mirrors", "someone/not-a-zoo-model", {"README.md": b"# hello\n"})
     server = Olah(work, work / "mirrors")
     try:
         yield {"endpoint": server.endpoint, "commits": commits}
@@ -365,7 +369,7 @@ def test_publish_dry_run_prints_exactly_what_would_be_uploaded(publish_pkg, caps
 def test_publish_makes_one_commit_and_tags_it(publish_pkg, hub_stub, capsys):
     p, exports = publish_pkg
     stub = hub_stub()
-    out = hub.publish("tiny-zoo", "someorg/tiny", exports_dir=exports, endpoint="http://hub.test")
+    out = publish.publish("tiny-zoo", "someorg/tiny", exports_dir=exports, endpoint="http://hub.test")
     assert out["commit"] == "c" * 40 and out["tag"] == "v1.0"
     files = json.loads((p / "catalog.json").read_text())["models"]["tiny-zoo"]["files"]
     bundled = p / "pretrained" / "tiny-zoo"
@@ -414,8 +418,55 @@ def test_publish_refuses_changed_bundle_and_reports_tag_conflict(publish_pkg, hu
     p, exports = publish_pkg
     stub = hub_stub(fail_tag=True)
     with pytest.raises(hub.HubError, match="HTTP 409"):
-        hub.publish("tiny-zoo", "someorg/tiny", exports_dir=exports, endpoint="http://hub.test")
+        publish.publish("tiny-zoo", "someorg/tiny", exports_dir=exports, endpoint="http://hub.test")
     assert len(stub.tags) == 1
     (p / "pretrained" / "tiny-zoo" / "vocab.json").write_text("[]")
     with pytest.raises(hub.IntegrityError, match="vocab.json"):
-        hub.publish("tiny-zoo", "someorg/tiny", dry_run=True, exports_dir=exports)
+        publish.publish("tiny-zoo", "someorg/tiny", dry_run=True, exports_dir=exports)
+
+
+# -- hf-hub: any compatible repo ----------------------------------------------------------------------------------
+def test_hf_hub_repo_outside_the_catalogue_loads_unpinned(olah, env, capsys, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", olah["endpoint"])
+    model = zoo.load("hf-hub:someone/their-lm")
+    assert model.source == "hub download (unpinned)" and not model.pinned and model.name == "their-lm"
+    ref = zoo.load(Path(env["ZOO_CATALOG"]).parent / "pretrained" / "tiny-zoo")
+    assert model.score("the market fell")[0]["ppl"] == ref.score("the market fell")[0]["ppl"]
+    again = zoo.load("hf-hub:someone/their-lm")  # the second load needs no network
+    assert again.source == "hub cache (unpinned)"
+    code, out, _ = run_main(capsys, "info", "hf-hub:someone/their-lm", "--json")
+    info = json.loads(out)
+    assert code == 0 and info["pinned"] is False and info["source"] == "hub cache (unpinned)"
+    commit = olah["commits"]["someone/their-lm"]
+    assert zoo.load(f"hf-hub:someone/their-lm@{commit}").source.endswith("(unpinned)")
+
+
+def test_hf_hub_name_of_a_catalogue_repo_keeps_its_sha256_pin(olah, env, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", olah["endpoint"])
+    model = zoo.load("hf-hub:alstm-zoo/tiny-zoo")
+    assert model.source == "hub download" and model.pinned and model.name == "tiny-zoo"
+    with pytest.raises(hub.IntegrityError, match="sha256 mismatch"):  # the tampered repo is a catalogue entry
+        zoo.load("hf-hub:alstm-zoo/tiny-tampered")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("hf-hub:someone/not-a-zoo-model", "is not a zoo checkpoint"),
+    ("hf-hub:someone/no-such-repo", "not found"),
+    ("hf-hub:no-slash", "expected hf-hub:ORG/NAME"),
+    ("hf-hub:a/b/c", "expected hf-hub:ORG/NAME"),
+    ("hf-hub:someone/their-lm@", "expected hf-hub:ORG/NAME"),
+])
+def test_hf_hub_bad_specs_are_one_line_errors(olah, env, capsys, monkeypatch, spec, message):
+    monkeypatch.setenv("HF_ENDPOINT", olah["endpoint"])
+    code, _, err = run_main(capsys, "score", spec, "--text", "the market")
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_plain_install_without_bundled_copy_downloads_the_pinned_release(olah, env, monkeypatch):
+    """No bundled copy (a wheel ships none) and no Hub opt-in: a catalogue name is fetched and verified."""
+    monkeypatch.setenv("HF_ENDPOINT", olah["endpoint"])
+    monkeypatch.delenv("ZOO_HUB", raising=False)
+    from zoo import hub as hub_mod
+
+    monkeypatch.setattr(hub_mod, "hub_requested", lambda: False)  # as if HF_ENDPOINT were the default Hub
+    assert zoo.load("tiny-zoo").source == "hub download"

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from zoo import readme
-from zoo.readme import main, render, render_file
+from zoo.tools import readme
+from zoo.tools.readme import main, render, render_file
 
 
 def test_readme_is_up_to_date():
-    assert main(["--check"]) == 0, "run `python -m zoo.readme` to regenerate the READMEs"
+    assert main(["--check"]) == 0, "run `python -m zoo.tools.readme` to regenerate the READMEs"
 
 
 def test_render_names_the_section_without_markers():
@@ -42,7 +42,7 @@ def test_results_markdown_reaches_its_readme(tmp_path, monkeypatch, capsys):
 
 
 def test_write_result_writes_json_and_markdown_then_regenerates(tmp_path, monkeypatch):
-    from zoo import readme
+    from zoo.tools import readme
 
     calls = []
     monkeypatch.setattr(readme, "main", lambda argv=None, repo=None: calls.append(argv) or 0)

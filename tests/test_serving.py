@@ -29,8 +29,8 @@ from zoo.checkpoint import save_checkpoint
 from zoo.cli import main as cli_main
 from zoo.errors import InvalidRequest
 from zoo.pretrained import ModelNotFoundError, ZooModel, resolve_local
-from zoo.serve import ArchiveOptions, ServeError, ServerConfig, build_archive, java_version, stop_server
 from zoo.service import Limits, parse_body
+from zoo.tools.serve import ArchiveOptions, ServeError, ServerConfig, build_archive, java_version, stop_server
 
 pytestmark = [
     pytest.mark.server,
@@ -652,7 +652,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def test_start_refuses_a_busy_port(tmp_path):
-    from zoo.serve import start_server
+    from zoo.tools.serve import start_server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -667,7 +667,7 @@ def test_start_refuses_a_busy_port(tmp_path):
 
 def test_start_fails_fast_when_the_model_cannot_load(tmp_path):
     """A worker that cannot load its model is retried forever by TorchServe: start reports it and stops."""
-    from zoo.serve import start_server
+    from zoo.tools.serve import start_server
 
     ckpt = _random_tiny_checkpoint(tmp_path / "broken")
     weights = ckpt / "model.safetensors"
@@ -690,7 +690,7 @@ def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch,
     This second server also has token authorisation turned off, the explicit opt-in for local demos.
     """
     from zoo.backends import attach_backend
-    from zoo.serve import server_status, start_server
+    from zoo.tools.serve import server_status, start_server
 
     monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))  # any export made here stays in tmp
     ckpt = _random_tiny_checkpoint(tmp_path / "tiny-random")

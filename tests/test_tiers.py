@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from zoo import readme, tiers
+from zoo.tools import readme, tiers
 
 TIERS = {
     "t": {
@@ -101,8 +101,8 @@ def test_bundled_tier_file_names_real_recipes():
 
 
 def test_card_section_and_bundle_lookup(runs, tmp_path):
-    from zoo.bundle import tier_reports
-    from zoo.cards import comparison_section
+    from zoo.tools.bundle import tier_reports
+    from zoo.tools.cards import comparison_section
 
     cards = tmp_path / "cards"
     tiers.write(tiers.compare("t", runs, TIERS), cards / "tiers", cards)
@@ -131,7 +131,7 @@ def test_a_bundled_run_counts_without_its_run_dir(runs, tmp_path):
 
 
 def test_curve_labels_name_the_run(tmp_path):
-    from zoo.plots import run_label
+    from zoo.tools.plots import run_label
 
     (tmp_path / "r1").mkdir()
     (tmp_path / "r1" / "log.jsonl").write_text("")
@@ -150,7 +150,8 @@ def test_a_run_stopped_before_the_tier_budget_is_shown_but_never_chosen(runs):
     assert heavy["status"] == "stopped early" and heavy["device"] == "H100 GPU"
     from unittest import mock
 
-    with mock.patch("zoo.plots.plot_curves", side_effect=lambda logs, out, *a, **k: (k["labels"], out)[1]) as plot:
+    fake = lambda logs, out, *a, **k: (k["labels"], out)[1]  # noqa: E731
+    with mock.patch("zoo.tools.plots.plot_curves", side_effect=fake) as plot:
         tiers.write(rep, runs / "out", runs / "out")
     assert "l-heavy (H100 GPU)" in plot.call_args.kwargs["labels"]  # the figure says where each run trained
     assert rep["roles"]["lstm"]["chosen"] == "l-light"  # the better validation, but stopped early
@@ -179,7 +180,7 @@ def test_an_unbundled_sweep_point_counts_from_its_record(runs, tmp_path):
                                            ("CPU (16 cores, 4 threads)", "CPU, 4 threads"),
                                            ("NVIDIA H100 80GB HBM3", "H100 GPU"), ("", "")])
 def test_short_device(device, short):
-    from zoo.cards import short_device
+    from zoo.tools.cards import short_device
 
     assert short_device(device) == short
 
@@ -203,7 +204,7 @@ def test_published_numbers_and_the_counting_note(runs):
 
 def test_a_char_tier_plots_bits_per_character(runs, tmp_path):
     """Character-level tiers draw validation bpc (valid_loss / ln 2), not perplexity."""
-    from zoo import plots
+    from zoo.tools import plots
 
     rep = tiers.compare("t", runs, {"t": dict(TIERS["t"], dataset="ptb-char")})
     assert rep["metric"] == "bits_per_char"
@@ -214,6 +215,6 @@ def test_a_char_tier_plots_bits_per_character(runs, tmp_path):
     assert out.stat().st_size > 1000
     from unittest import mock
 
-    with mock.patch("zoo.plots.plot_curves", side_effect=lambda logs, out, *a, **k: out) as plot:
+    with mock.patch("zoo.tools.plots.plot_curves", side_effect=lambda logs, out, *a, **k: out) as plot:
         tiers.write(rep, tmp_path / "out", tmp_path / "out")
     assert plot.call_args.kwargs["metric"] == "valid_bpc"

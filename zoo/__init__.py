@@ -8,6 +8,6 @@
 
 from zoo.lm import LanguageModel
 from zoo.pretrained import ZooModel, load
+from zoo.version import __version__
 
-__all__ = ["LanguageModel", "ZooModel", "load"]
-__version__ = "0.1.0"
+__all__ = ["LanguageModel", "ZooModel", "__version__", "load"]

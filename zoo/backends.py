@@ -12,7 +12,11 @@ so results agree with eager to float tolerance. Where the exported files come fr
 An export is used only if its manifest names the same checkpoint hash and model arguments, so a
 stale export is never silently paired with other weights.
 
-Backends: ``eager``, ``torchscript``, ``onnx`` and ``onnx-int8`` (the dynamically quantised graphs).
+Backends are a registry (:data:`BACKENDS`, one :class:`BackendSpec` each: its export format, the files of the
+export it needs, how to export and how to build its runner, what it must import, whether TorchServe can run
+it). The CLI's choices, the server, the benchmarks and the tests read it; adding a backend is one
+:func:`register_backend` call with a runner class (and an exporter if it needs a new format).
+Registered: ``eager``, ``torchscript``, ``onnx`` and ``onnx-int8`` (the dynamically quantised graphs).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +34,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from zoo.errors import BackendError, MissingFileError
 from zoo.export.common import cache_root, exports_root, read_manifest, weights_sha256
 
-BACKENDS = ("eager", "torchscript", "onnx", "onnx-int8")
 State = tuple[Tensor, ...]
-
-
-class BackendError(ValueError):
-    """An unknown backend, or one whose runtime is not installed (a user error: one line on the CLI)."""
 
 
 def _onnxruntime():
@@ -82,11 +84,11 @@ class OnnxRunner:
         self.directory = Path(directory)
         manifest = read_manifest(self.directory)
         if manifest is None or manifest.get("format") != "onnx":
-            raise FileNotFoundError(f"{self.directory}: no ONNX export (missing or unreadable export.json)")
+            raise MissingFileError(f"{self.directory}: no ONNX export (missing or unreadable export.json)")
         files = manifest["files"]
         seq_key, step_key = ("sequence_int8", "step_int8") if int8 else ("sequence", "step")
         if seq_key not in files or step_key not in files:
-            raise FileNotFoundError(f"{self.directory}: no {'int8 ' if int8 else ''}graphs in the export")
+            raise MissingFileError(f"{self.directory}: no {'int8 ' if int8 else ''}graphs in the export")
         self.manifest = manifest
         self.int8 = int8
         self.backend = "onnx-int8" if int8 else "onnx"
@@ -136,7 +138,7 @@ class TorchScriptRunner:
         self.directory = Path(directory)
         manifest = read_manifest(self.directory)
         if manifest is None or manifest.get("format") != "torchscript":
-            raise FileNotFoundError(f"{self.directory}: no TorchScript export (missing or unreadable export.json)")
+            raise MissingFileError(f"{self.directory}: no TorchScript export (missing or unreadable export.json)")
         self.manifest = manifest
         self.module, self.meta = load_torchscript(self.directory / manifest["files"]["module"])
         self.state_names: list[str] = manifest["state_names"]
@@ -159,9 +161,77 @@ class TorchScriptRunner:
         return logits, tuple(new_state)
 
 
+# -- the registry --------------------------------------------------------------------------------------------
+def _export_torchscript(model: Any, directory: Path, sha256: str) -> None:
+    from zoo.export.torchscript import export_torchscript
+
+    export_torchscript(model, directory, sha256)
+
+
+def _export_onnx(model: Any, directory: Path, sha256: str) -> None:
+    from zoo.export.onnx_graphs import export_onnx
+
+    export_onnx(model, directory, sha256)
+
+
+def _export_onnx_int8(model: Any, directory: Path, sha256: str) -> None:
+    from zoo.export.onnx_graphs import export_onnx
+
+    export_onnx(model, directory, sha256, quantize="int8")
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One inference backend. ``format`` is the export folder it runs from (``None``: the eager model itself);
+    ``files`` the manifest entries it needs there; ``export(model, folder, sha256)`` writes such a folder;
+    ``runner(folder)`` builds the runner; ``requires`` names a module it imports (a clear error if missing)."""
+
+    name: str
+    format: str | None
+    description: str
+    runner: Callable[[Path], Any] | None = None
+    export: Callable[[Any, Path, str], None] | None = None
+    files: tuple[str, ...] = ()
+    requires: str | None = None
+    #: TorchServe's handler can run it (the worker loads it from a model archive).
+    servable: bool = True
+
+
+BACKENDS: dict[str, BackendSpec] = {}
+
+
+def register_backend(spec: BackendSpec) -> BackendSpec:
+    BACKENDS[spec.name] = spec
+    return spec
+
+
+def backend_names(servable_only: bool = False) -> list[str]:
+    return [n for n, s in BACKENDS.items() if s.servable or not servable_only]
+
+
+def get_backend(name: str) -> BackendSpec:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}") from None
+
+
+register_backend(BackendSpec("eager", None, "PyTorch, the model itself (fp32, or bf16 autocast)"))
+register_backend(BackendSpec("torchscript", "torchscript", "the traced TorchScript module", TorchScriptRunner,
+                             _export_torchscript, ("module",), servable=False))
+register_backend(BackendSpec("onnx", "onnx", "ONNX Runtime: a Scan graph for sequences, a step graph",
+                             lambda d: OnnxRunner(d), _export_onnx, ("sequence", "step"), "onnxruntime"))
+register_backend(BackendSpec("onnx-int8", "onnx", "ONNX Runtime with dynamically quantised int8 weights",
+                             lambda d: OnnxRunner(d, int8=True), _export_onnx_int8, ("sequence_int8", "step_int8"),
+                             "onnxruntime"))
+
+
 # -- finding or creating exports --------------------------------------------------------------------------------
 def _format_of(backend: str) -> str:
-    return "torchscript" if backend == "torchscript" else "onnx"
+    fmt = get_backend(backend).format
+    if fmt is None:
+        raise BackendError(f"backend {backend!r} runs the model itself: it has no export")
+    return fmt
 
 
 def _usable(directory: Path, backend: str, sha256: str, model_args: dict[str, Any]) -> bool:
@@ -170,9 +240,9 @@ def _usable(directory: Path, backend: str, sha256: str, model_args: dict[str, An
         return False
     if manifest.get("checkpoint_sha256") != sha256 or manifest.get("model_args") != model_args:
         return False
-    needed = ["sequence_int8", "step_int8"] if backend == "onnx-int8" else []
     files = manifest.get("files", {})
-    return all(k in files for k in needed) and all((directory / f).is_file() for f in files.values())
+    return all(k in files for k in get_backend(backend).files) and all(
+        (directory / f).is_file() for f in files.values())
 
 
 def candidate_dirs(model: Any, backend: str, sha256: str) -> list[Path]:
@@ -189,9 +259,10 @@ def candidate_dirs(model: Any, backend: str, sha256: str) -> list[Path]:
 
 def ensure_export(model: Any, backend: str) -> Path:
     """The folder of a usable export for ``backend``; exports into the cache when there is none."""
-    if backend not in BACKENDS or backend == "eager":
-        raise BackendError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend != "torchscript":
+    spec = get_backend(backend)
+    if spec.export is None:
+        raise BackendError(f"backend {backend!r} runs the model itself: it has no export")
+    if spec.requires == "onnxruntime":
         _onnxruntime()
     sha256 = weights_sha256(model)
     for directory in candidate_dirs(model, backend, sha256):
@@ -203,14 +274,7 @@ def ensure_export(model: Any, backend: str) -> Path:
           f"{target})", file=sys.stderr, flush=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        if backend == "torchscript":
-            from zoo.export.torchscript import export_torchscript
-
-            export_torchscript(model, tmp, sha256)
-        else:
-            from zoo.export.onnx_graphs import export_onnx
-
-            export_onnx(model, tmp, sha256, quantize="int8" if backend == "onnx-int8" else None)
+        spec.export(model, tmp, sha256)
         if _usable(target, backend, sha256, model.lm.config):  # another process finished first: keep its files
             return target
         if target.exists():  # an older or partial export of the same checkpoint: replace it
@@ -224,14 +288,11 @@ def ensure_export(model: Any, backend: str) -> Path:
 
 def make_runner(model: Any, backend: str, directory: str | os.PathLike | None = None) -> Any:
     """A runner for ``backend`` over the model's export (found or created, unless ``directory`` is given)."""
-    if backend not in BACKENDS:
-        raise BackendError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend == "eager":
+    spec = get_backend(backend)
+    if spec.runner is None:
         return model.lm
     directory = Path(directory) if directory is not None else ensure_export(model, backend)
-    if backend == "torchscript":
-        return TorchScriptRunner(directory)
-    return OnnxRunner(directory, int8=backend == "onnx-int8")
+    return spec.runner(directory)
 
 
 def attach_backend(model: Any, backend: str, directory: str | os.PathLike | None = None) -> Any:

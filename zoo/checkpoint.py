@@ -16,16 +16,19 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from zoo.errors import CheckpointError  # noqa: F401 (re-exported)
 from zoo.lm import LanguageModel
 from zoo.registry import ARCHITECTURES
 from zoo.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
 CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, CARD_FILE = "config.json", "model.safetensors", "vocab.json", "README.md"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint directory is incomplete, corrupt or does not match its config."""
+#: The vocabulary for other tools (Hugging Face ``tokenizers``); written with every checkpoint since format 1's
+#: library redesign, optional when loading (older checkpoints do not have it). ``vocab.json`` is the zoo's own
+#: file: a JSON *list* of the symbols in id order (not the ``{token: id}`` map some Hub repos use).
+TOKENIZER_FILE = "tokenizer.json"
+#: What every checkpoint folder must hold.
+REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -58,6 +61,7 @@ def save_checkpoint(directory: str | os.PathLike, model: LanguageModel, tokenize
     save_file(state, str(tmp), metadata={"format": "pt", "tied": json.dumps(tied)})
     os.replace(tmp, out / WEIGHTS_FILE)
     _atomic_write_bytes(out / VOCAB_FILE, json.dumps(tokenizer.vocab, ensure_ascii=False).encode())
+    _atomic_write_bytes(out / TOKENIZER_FILE, json.dumps(tokenizer.to_hf_json(), ensure_ascii=False).encode())
     _atomic_write_bytes(out / CONFIG_FILE, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
     return out
 
@@ -103,7 +107,7 @@ def load_checkpoint(directory: str | os.PathLike) -> tuple[LanguageModel, Tokeni
     tokenizer = load_tokenizer(directory, config)
     try:
         model = LanguageModel.from_config(config["model_args"])
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise CheckpointError(f"{directory / CONFIG_FILE}: model_args do not fit the architecture ({e})") from None
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():

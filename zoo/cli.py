@@ -1,4 +1,10 @@
-"""The ``zoo`` command line. Bad input exits with status 2 and a one-line message, never a traceback."""
+"""The ``zoo`` command line. Bad input exits with status 2 and a one-line message, never a traceback.
+
+Only :class:`zoo.errors.ZooError` counts as bad input; anything else is a bug and exits 1 with its traceback
+(``ZOO_DEBUG=1`` shows tracebacks for user errors too). Commands that need a checkout of the repository (``zoo
+serve``, ``zoo bundle``, ``zoo publish``) are not part of the library: they are contributed through the
+``alstm_zoo.commands`` entry point by ``zoo.tools``, which a plain install does not ship.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +16,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from zoo.backends import backend_names
+from zoo.datasets import dataset_names
+from zoo.errors import HubError, UsageError, ZooError
 from zoo.precision import PRECISIONS
 
 EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
+#: Entry-point group of sub-commands contributed by other packages (``add(subparsers)`` functions).
+COMMANDS_GROUP = "alstm_zoo.commands"
+#: Commands that live in checkout tooling; named here only to say where to find them when they are missing.
+CHECKOUT_COMMANDS = ("serve", "bundle", "publish")
 
 
 def _fmt(v: Any) -> str:
@@ -40,7 +49,7 @@ def _load(args: argparse.Namespace):
 
 # -- commands ------------------------------------------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
-    from zoo.pretrained import catalog
+    from zoo.catalog import catalog
     from zoo.registry import architecture_names
 
     if args.architectures:
@@ -64,7 +73,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     model = _load(args)
-    info = {"name": model.name, "source": model.source, "backend": model.backend,
+    info = {"name": model.name, "source": model.source, "pinned": model.pinned, "backend": model.backend,
             "directory": str(getattr(model, "directory", "")), "architecture": model.lm.architecture,
             "num_parameters": model.num_parameters, "vocab_size": len(model.tokenizer),
             "normalization": model.tokenizer.normalization, "model_args": model.lm.config,
@@ -284,6 +293,35 @@ def _dynamic(args: argparse.Namespace):
         raise UsageError(f"--dynamic: {e}") from None
 
 
+def cmd_download(args: argparse.Namespace) -> int:
+    from zoo.catalog import release
+    from zoo.hub import HF_PREFIX, download, download_to, resolve
+
+    if args.model.startswith(HF_PREFIX):
+        if args.local_dir or args.force:
+            raise UsageError("--local-dir and --force apply to catalogue names; hf-hub: repos go to the Hub cache")
+        folder, source = resolve(args.model, revision=args.revision, source="hub")
+        print(f"{args.model}: {source} -> {folder}")
+        return 0
+    if args.local_dir:
+        target = download_to(args.model, args.local_dir, revision=args.revision, force=args.force)
+        print(f"{args.model}: verified {len(release(args.model, args.revision).files)} files -> {target}")
+        return 0
+    folder, source = download(args.model, args.revision, force=args.force)
+    rel = release(args.model, args.revision)
+    if not rel.files:
+        raise HubError(f"{rel.name}: the catalogue pins no files")
+    print(f"{rel.name}: {rel.repo_id}@{rel.revision} from the {source.replace('hub ', '')}, sha256 verified for "
+          f"{len(rel.files)} files -> {folder}")
+    return 0
+
+
+def cmd_build_ext(args: argparse.Namespace) -> int:
+    from zoo.models._compiled import build_all
+
+    return build_all(verbose=args.verbose)
+
+
 # -- parser --------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zoo", description="Adaptive-parameterization language models: "
@@ -293,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     def model_cmd(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, or a checkpoint directory")
-        sp.add_argument("--backend", default="eager", choices=["eager", "torchscript", "onnx", "onnx-int8"],
+        sp.add_argument("--backend", default="eager", choices=backend_names(),
                         help="inference backend (default: eager PyTorch)")
         sp.add_argument("--revision", help="Hub revision (tag, branch or commit) to load")
         sp.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
@@ -336,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_generate)
 
     sp = model_cmd("eval", "standard corpus perplexity of a benchmark split")
-    sp.add_argument("--dataset", choices=["ptb", "ptb-char", "wikitext-2"],
+    sp.add_argument("--dataset", choices=dataset_names(),
                     help="corpus (default: the one the model was trained on)")
     sp.add_argument("--split", default="test", choices=["train", "valid", "test"])
     sp.add_argument("--data-dir", help="folder holding <dataset>/{train,valid,test}.txt (default: $ZOO_DATA_DIR "
@@ -369,34 +407,57 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--crash-signal", default="KILL", choices=["KILL", "TERM", "INT"], help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_train)
 
-    for extra in _extra_commands():
-        extra(sub)
+    sp = sub.add_parser("download", help="fetch a pretrained model from the Hub into the cache (verified)")
+    sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, or hf-hub:ORG/NAME[@REVISION]")
+    sp.add_argument("--revision", help="Hub revision (tag, branch or commit; default: the catalogue's pinned tag)")
+    sp.add_argument("--local-dir", help="also copy the verified files into this (new or empty) folder")
+    sp.add_argument("--force", action="store_true", help="download again even if the cache holds it")
+    sp.set_defaults(func=cmd_download)
+
+    from zoo.export.cli import add as add_export
+
+    add_export(sub)
+
+    sp = sub.add_parser("build-ext", help="compile the C++ inference loops now (else: on first use)")
+    sp.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output")
+    sp.set_defaults(func=cmd_build_ext)
+    p.subparsers = sub  # plugins add their commands here (see main)
     return p
 
 
-def _extra_commands():
-    """Sub-commands contributed by optional modules (hub, export, serve)."""
-    from zoo import cli_extras
+def _plugin_commands() -> list[Any]:
+    """``add(subparsers)`` functions registered under :data:`COMMANDS_GROUP`; a plugin that fails to import (the
+    checkout tooling in a plain install) is left out, and its commands answer with where to find them."""
+    from importlib.metadata import entry_points
 
-    return cli_extras.COMMANDS
+    found = []
+    for ep in entry_points(group=COMMANDS_GROUP):
+        try:
+            found.append(ep.load())
+        except ImportError:
+            continue
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = os.environ.get("ZOO_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
     parser = build_parser()
+    for add in _plugin_commands():
+        add(parser.subparsers)
+    if argv and argv[0] in CHECKOUT_COMMANDS and argv[0] not in parser.subparsers.choices:
+        print(f"zoo: error: `zoo {argv[0]}` is checkout tooling (zoo.tools), not part of the installed library: "
+              "run it from a clone of the repository (`make venv`)", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     import torch
 
     torch.set_flush_denormal(True)
-    from zoo.checkpoint import CheckpointError
-    from zoo.data import DataError
-    from zoo.pretrained import ModelNotFoundError
-    from zoo.registry import UnknownArchitectureError
-
-    user_errors = (UsageError, ModelNotFoundError, CheckpointError, DataError, UnknownArchitectureError,
-                   ValueError, FileNotFoundError)
     try:
         return args.func(args) or 0
-    except user_errors as e:
+    except ZooError as e:
+        if debug:
+            raise
         print(f"zoo: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

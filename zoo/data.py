@@ -1,7 +1,8 @@
 """Benchmark corpora (PTB, PTB-char, WikiText-2) read from a local data directory.
 
-Nothing is ever downloaded: the corpora live in a data dir chosen by, in order, an explicit
-argument (``--data-dir``), ``$ZOO_DATA_DIR``, or ``../shared/data`` beside the checkout. Token
+Nothing is ever downloaded: the corpora live in a data dir chosen by an explicit argument (``--data-dir``)
+or ``$ZOO_DATA_DIR``; the library assumes no location of its own (a checkout's ``.venv`` sets
+``$ZOO_DATA_DIR`` to ``../shared/data``, see the Makefile). Token
 streams follow the AWD-LSTM / aLSTM ``data.py`` convention (split on whitespace, one ``<eos>``
 per line, vocabulary in first-occurrence order over train, valid, test), so perplexities are
 comparable with the published numbers.
@@ -17,37 +18,28 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from zoo.datasets import DATASETS, get_dataset  # noqa: F401 (DATASETS re-exported)
+from zoo.errors import DataError  # noqa: F401 (re-exported)
+
 EOS = "<eos>"
 UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
-DATASETS = {
-    "ptb": "Penn Treebank, word level (Mikolov)",
-    "ptb-char": "Penn Treebank, character level (Mikolov)",
-    "wikitext-2": "WikiText-2 (v1, tokenised)",
-}
-
-
-class DataError(RuntimeError):
-    """The data directory or a corpus file is missing or unreadable."""
-
-
-def default_data_dir() -> Path:
-    """``../shared/data`` beside the checkout (the repository root is two levels above this file)."""
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The data dir from the argument, ``$ZOO_DATA_DIR`` or the default, in that order."""
+    """The data dir from the argument or ``$ZOO_DATA_DIR``; neither given is a :class:`DataError` saying how."""
     if data_dir is not None:
         return Path(data_dir)
     env = os.environ.get("ZOO_DATA_DIR")
-    return Path(env) if env else default_data_dir()
+    if not env:
+        raise DataError("no data directory: pass --data-dir (data_dir=) or set ZOO_DATA_DIR to the folder holding "
+                        f"{', '.join(d + '/' for d in DATASETS)} (each with train.txt, valid.txt, test.txt)")
+    return Path(env)
 
 
 def corpus_files(dataset: str, data_dir: str | os.PathLike | None = None) -> dict[str, Path]:
     """Paths of ``train.txt``/``valid.txt``/``test.txt``; a clear error names what is missing."""
-    if dataset not in DATASETS:
-        raise DataError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    get_dataset(dataset)  # an unknown name is an UnknownDatasetError naming the registered ones
     root = resolve_data_dir(data_dir)
     files = {split: root / dataset / f"{split}.txt" for split in SPLITS}
     missing = [str(p) for p in files.values() if not p.is_file()]

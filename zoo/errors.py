@@ -1,7 +1,12 @@
 """The zoo's user-facing errors: what a caller did wrong, as opposed to a bug in the zoo.
 
 Front ends turn these (and only these) into a one-line message: the CLI exits with status 2, the HTTP server
-answers 400 naming the field, the demo shows a readable error. Anything else is a bug and keeps its traceback.
+answers 400 naming the field, the demo shows a readable error. Anything else is a bug and keeps its traceback
+(the CLI exits 1 with it; ``ZOO_DEBUG=1`` shows the traceback of user errors too).
+
+Each class also derives from the built-in exception a caller would have caught before this hierarchy existed
+(``ValueError``, ``LookupError``, ...), so code written against the older names keeps working. This module is
+the bottom layer: it imports nothing from the zoo, and every other module may import it.
 """
 
 from __future__ import annotations
@@ -11,7 +16,15 @@ class ZooError(Exception):
     """Base class of the errors a user can fix (bad input, a missing file, an unknown name)."""
 
 
-class InvalidRequest(ZooError, ValueError):
+class UsageError(ZooError):
+    """A command line that cannot run as given (conflicting or missing options)."""
+
+
+class ConfigError(ZooError, ValueError):
+    """A value a caller passed (an argument, a recipe field, a checkpoint's config) is out of range or unknown."""
+
+
+class InvalidRequest(ConfigError):
     """One request field is out of its schema (``zoo.service``): ``field`` names it, ``message`` says why.
 
     A ``ValueError`` too, so callers of the library that caught ``ValueError`` from the sampling parameters
@@ -22,3 +35,39 @@ class InvalidRequest(ZooError, ValueError):
         self.field = field
         self.message = message if message.startswith(field) else f"{field} {message}"
         super().__init__(self.message)
+
+
+class UnknownArchitectureError(ConfigError):
+    """A config or command named an architecture that is not registered (``zoo.registry``)."""
+
+
+class UnknownDatasetError(ConfigError):
+    """A recipe, checkpoint or command named a dataset that is not registered (``zoo.datasets``)."""
+
+
+class BackendError(ConfigError):
+    """A backend that does not exist, or cannot run this model / in this environment (``zoo.backends``)."""
+
+
+class MissingFileError(ZooError, FileNotFoundError):
+    """A file the caller pointed at (a recipe, an export, a checkpoint folder) does not exist."""
+
+
+class DataError(ZooError, RuntimeError):
+    """The data directory or a corpus file is missing or unreadable (``zoo.data``)."""
+
+
+class CheckpointError(ZooError, RuntimeError):
+    """A checkpoint folder is incomplete or does not match its config: a missing key, a wrong shape."""
+
+
+class ModelNotFoundError(ZooError, LookupError):
+    """A model name that is neither a catalogue entry, a local folder, nor a reachable Hub repo."""
+
+
+class HubError(ModelNotFoundError):
+    """The Hub could not provide a model (offline, unreachable, no such repo or revision)."""
+
+
+class IntegrityError(HubError):
+    """Downloaded files do not match the catalogue's sha256 pins: refused, and the snapshot is discarded."""

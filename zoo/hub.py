@@ -1,53 +1,52 @@
-"""The Hub: fetch, cache, verify and publish pretrained models with ``huggingface_hub``.
+"""The Hub: fetch, cache and verify pretrained models with ``huggingface_hub`` (publishing is checkout tooling).
 
-The catalogue (``zoo/catalog.json``) is the registry: for every pretrained name it pins a Hub
-repository, a revision (a release tag such as ``v1.0``) and the sha256 and size of every file.
-Whatever a download delivers must match those hashes, whichever revision was asked for; a
-mismatch or a missing file is refused and its partial copy removed from the Hub cache, so the
-cache never holds a half-written or unverified release.
+The catalogue (:mod:`zoo.catalog`) pins, for every pretrained name, a Hub repository, a revision and the sha256
+and size of every file. Whatever a download delivers must match those hashes; a mismatch or a missing file is
+refused and its partial copy removed from the Hub cache, so the cache never holds a half-written or unverified
+release.
 
 Resolution of ``zoo.load(name)`` (:func:`resolve`), in order:
 
 1. an explicit local checkpoint directory, loaded as is;
-2. the Hub: first the local Hub cache (``$HF_HUB_CACHE``; no network, hashes checked), then a
-   download from ``$HF_ENDPOINT`` (default huggingface.co), but only when the Hub is asked for:
-   ``source="hub"``, ``zoo download``, an explicit ``revision``, or ``$HF_ENDPOINT`` / ``ZOO_HUB=1``
-   set in the environment;
-3. the copy bundled in the package (``zoo/pretrained/<name>/``).
+2. ``hf-hub:ORG/NAME[@REVISION]``: any compatible Hub repo. A catalogue repo at its pinned revision keeps its
+   sha256 pins; anything else is loaded *unpinned* (``model.source`` and ``zoo info`` say so);
+3. a catalogue name: the local Hub cache (``$HF_HUB_CACHE``; no network, hashes checked), then a download
+   from ``$HF_ENDPOINT`` (default huggingface.co) when the Hub is asked for (``source="hub"``, ``zoo download``,
+   an explicit ``revision``, or ``$HF_ENDPOINT`` / ``ZOO_HUB=1`` in the environment), then the copy bundled in
+   a checkout (``zoo/pretrained/<name>/``), and where there is none (a plain ``pip install``) a download.
 
-Why the Hub is not contacted by default: the default models ship inside the package, so a fresh
-clone must work offline, instantly, with no connection attempts or timeouts; the Hub is for
-models that are not bundled, newer releases and mirrors, which the user opts into. ``HF_HUB_OFFLINE=1``
-always means no network (cache, then bundled copy). ``HF_TOKEN`` and the other ``huggingface_hub``
-settings apply as usual; ``model.source`` (and ``zoo info``) says which source was used:
-``local path``, ``hub cache``, ``hub download`` or ``bundled``.
+Why a checkout does not contact the Hub by default: its models are bundled, so a fresh clone works offline,
+instantly, with no connection attempts or timeouts. ``HF_HUB_OFFLINE=1`` always means no network.
+``HF_TOKEN`` and the other ``huggingface_hub`` settings apply as usual; ``model.source`` (and ``zoo info``) says
+which source was used: ``local path``, ``bundled``, ``hub cache``, ``hub download``, or either of the last two
+with ``(unpinned)``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from zoo.bundle import DEFAULT_REVISION, sha256_file, update_catalog
-from zoo.pretrained import ModelNotFoundError, bundled_dir, canonical_name, catalog, catalog_path
+from zoo.catalog import (
+    CHECKPOINT_FILES,
+    Release,
+    bundled_dir,
+    canonical_name,
+    catalog,
+    release,
+    sha256_file,
+    unknown_model,
+)
+from zoo.checkpoint import CARD_FILE, TOKENIZER_FILE
+from zoo.errors import ConfigError, HubError, IntegrityError, ModelNotFoundError
 
 SOURCES = ("auto", "hub", "bundled")
 EXPORT_FOLDERS = ("onnx", "torchscript")
 _TRUE = {"1", "true", "yes", "on"}
-
-
-class HubError(ModelNotFoundError):
-    """A model could not be obtained from the Hub (unreachable, not found, offline)."""
-
-
-class IntegrityError(HubError):
-    """Downloaded or bundled files do not match the catalogue's sha256: refused."""
 
 
 # -- settings, read at call time (huggingface_hub reads its environment once, at import) ----------------------
@@ -84,30 +83,7 @@ def hub_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-# -- the catalogue's view of a release ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Release:
-    """A catalogue entry's Hub coordinates and the files it pins."""
-
-    name: str
-    repo_id: str
-    revision: str
-    files: dict[str, dict[str, Any]]
-
-
-def release(name: str, revision: str | None = None) -> Release:
-    name = canonical_name(name)
-    models = catalog().get("models", {})
-    if name not in models:
-        known = ", ".join(sorted(models)) or "none"
-        raise ModelNotFoundError(f"unknown model {name!r}: not a checkpoint directory and not in the catalogue "
-                                 f"(known: {known}; see `zoo list`)")
-    entry = models[name]
-    if not entry.get("repo_id") or not entry.get("files"):
-        raise HubError(f"catalogue entry {name!r} has no Hub repo_id or file list (re-run `zoo bundle`)")
-    return Release(name, entry["repo_id"], revision or entry.get("revision") or DEFAULT_REVISION, entry["files"])
-
-
+# -- verification against the catalogue's pins ------------------------------------------------------------
 def verify_files(directory: Path, rel: Release, where: str) -> None:
     """Check that ``directory`` holds every file of the release with its catalogue size and sha256."""
     for fname, meta in sorted(rel.files.items()):
@@ -185,13 +161,9 @@ def _reason(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text}"[:200]
 
 
-def download(name: str, revision: str | None = None, *, cache_dir: str | os.PathLike | None = None,
-             endpoint: str | None = None, token: str | bool | None = None, force: bool = False) -> tuple[Path, str]:
-    """Fetch a catalogue model into the Hub cache and verify it; returns ``(folder, "hub cache"|"hub download")``.
-
-    The cache is consulted first (no network); ``force`` downloads again. Raises :class:`HubError`
-    (unreachable, not found, offline) or :class:`IntegrityError` with a one-line message.
-    """
+def _snapshot(repo_id: str, revision: str | None, patterns: list[str], cache: Path, endpoint: str,
+              token: str | bool | None, force: bool = False) -> Path:
+    """``snapshot_download`` with every failure turned into a one-line :class:`HubError`."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -202,6 +174,34 @@ def download(name: str, revision: str | None = None, *, cache_dir: str | os.Path
         RevisionNotFoundError,
     )
 
+    where = f"{repo_id}@{revision or 'main'}"
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, cache_dir=str(cache),
+                                      endpoint=endpoint, token=token, force_download=force))
+    except RevisionNotFoundError:
+        raise HubError(f"revision {revision!r} not found in {repo_id} at {endpoint}") from None
+    except (RepositoryNotFoundError, GatedRepoError):
+        raise HubError(f"repository {repo_id} (revision {revision or 'main'}) not found at {endpoint}, or not "
+                       "readable with your token (set HF_TOKEN for a private repository)") from None
+    except OfflineModeIsEnabled:
+        raise HubError(f"{where} is not in the Hub cache and HF_HUB_OFFLINE is set") from None
+    except LocalEntryNotFoundError as e:
+        raise HubError(f"cannot reach the Hub at {endpoint} ({_reason(e)}) and {where} is not in the cache; check "
+                       "the network or HF_ENDPOINT") from None
+    except HfHubHTTPError as e:
+        status = getattr(getattr(e, "response", None), "status_code", "?")
+        raise HubError(f"the Hub at {endpoint} answered HTTP {status} for {where}: {_reason(e)}") from None
+    except OSError as e:
+        raise HubError(f"cannot download {where} from {endpoint} ({_reason(e)})") from None
+
+
+def download(name: str, revision: str | None = None, *, cache_dir: str | os.PathLike | None = None,
+             endpoint: str | None = None, token: str | bool | None = None, force: bool = False) -> tuple[Path, str]:
+    """Fetch a catalogue model into the Hub cache and verify it; returns ``(folder, "hub cache"|"hub download")``.
+
+    The cache is consulted first (no network); ``force`` downloads again. Raises :class:`HubError`
+    (unreachable, not found, offline) or :class:`IntegrityError` with a one-line message.
+    """
     rel = release(name, revision)
     cache = hub_cache_dir(cache_dir)
     if not force:
@@ -216,24 +216,7 @@ def download(name: str, revision: str | None = None, *, cache_dir: str | os.Path
                 "without downloading") if (bundled / "config.json").is_file() else ""
         raise HubError(f"{rel.name} ({where}) is not in the Hub cache ({cache}) and HF_HUB_OFFLINE is set: "
                        f"run `zoo download {rel.name}` with network access{hint}")
-    try:
-        folder = Path(snapshot_download(rel.repo_id, revision=rel.revision, allow_patterns=sorted(rel.files),
-                                        cache_dir=str(cache), endpoint=ep, token=token, force_download=force))
-    except RevisionNotFoundError:
-        raise HubError(f"revision {rel.revision!r} not found in {rel.repo_id} at {ep}") from None
-    except (RepositoryNotFoundError, GatedRepoError):
-        raise HubError(f"repository {rel.repo_id} (revision {rel.revision}) not found at {ep}, or not readable "
-                       "with your token (set HF_TOKEN for a private repository)") from None
-    except OfflineModeIsEnabled:
-        raise HubError(f"{rel.name} is not in the Hub cache and HF_HUB_OFFLINE is set") from None
-    except LocalEntryNotFoundError as e:
-        raise HubError(f"cannot reach the Hub at {ep} ({_reason(e)}) and {rel.name} is not in the cache; check the "
-                       "network or HF_ENDPOINT") from None
-    except HfHubHTTPError as e:
-        status = getattr(getattr(e, "response", None), "status_code", "?")
-        raise HubError(f"the Hub at {ep} answered HTTP {status} for {where}: {_reason(e)}") from None
-    except OSError as e:
-        raise HubError(f"cannot download {where} from {ep} ({_reason(e)})") from None
+    folder = _snapshot(rel.repo_id, rel.revision, sorted(rel.files), cache, ep, token, force)
     try:
         verify_files(folder, rel, f"{where} at {ep}")
     except HubError:
@@ -267,23 +250,97 @@ def download_to(name: str, target: str | os.PathLike, **kwargs: Any) -> Path:
     return target
 
 
+HF_PREFIX = "hf-hub:"
+_REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+#: What an unpinned repo download fetches: the checkpoint, its tokenizer and card (no exports, no extras).
+REPO_FILES = (*CHECKPOINT_FILES, TOKENIZER_FILE, CARD_FILE)
+
+
+def parse_hf_spec(spec: str) -> tuple[str, str | None]:
+    """``hf-hub:ORG/NAME[@REVISION]`` -> ``(repo_id, revision or None)``; a malformed spec is a ConfigError."""
+    body = spec[len(HF_PREFIX):]
+    repo_id, _, revision = body.partition("@")
+    if not _REPO_RE.match(repo_id) or ".." in repo_id or (revision == "" and "@" in body):
+        raise ConfigError(f"{spec!r}: expected hf-hub:ORG/NAME or hf-hub:ORG/NAME@REVISION")
+    return repo_id, revision or None
+
+
+def pinned_release(repo_id: str, revision: str | None) -> Release | None:
+    """The catalogue release published as ``repo_id`` (at its pinned revision, or the one asked for), if any.
+
+    ``hf-hub:`` names of catalogue repos keep the catalogue's sha256 pins, at the pinned revision only: another
+    revision has other files, which the catalogue cannot vouch for.
+    """
+    for name, entry in catalog().get("models", {}).items():
+        if entry.get("repo_id") == repo_id and entry.get("files"):
+            rel = release(name)
+            if revision is None or revision == rel.revision:
+                return rel
+    return None
+
+
+def download_repo(repo_id: str, revision: str | None = None, *, cache_dir: str | os.PathLike | None = None,
+                  endpoint: str | None = None, token: str | bool | None = None) -> tuple[Path, str]:
+    """Fetch any zoo-compatible Hub repo (not pinned by the catalogue): ``(folder, source)``.
+
+    Uses the Hub cache when offline or when it already holds the revision. Loading then checks every tensor key
+    and shape against the repo's ``config.json``, so an incompatible repo fails there with a clear error.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    cache = hub_cache_dir(cache_dir)
+    ep = hub_endpoint(endpoint)
+    where = f"{repo_id}@{revision or 'main'}"
+    kwargs = dict(repo_id=repo_id, revision=revision, allow_patterns=list(REPO_FILES), cache_dir=str(cache),
+                  endpoint=ep, token=token)
+    source = "hub cache (unpinned)"
+    try:
+        folder = Path(snapshot_download(**kwargs, local_files_only=True))
+        if not all((folder / f).is_file() for f in CHECKPOINT_FILES):
+            raise LocalEntryNotFoundError("incomplete snapshot")
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError):
+        if is_offline():
+            raise HubError(f"{where} is not in the Hub cache ({cache}) and HF_HUB_OFFLINE is set") from None
+        source = "hub download (unpinned)"
+        folder = _snapshot(repo_id, revision, list(REPO_FILES), cache, ep, token)
+    missing = [f for f in CHECKPOINT_FILES if not (folder / f).is_file()]
+    if missing:
+        raise ModelNotFoundError(f"{where} is not a zoo checkpoint: it has no {', '.join(missing)} (a zoo repo holds "
+                                 f"{', '.join(CHECKPOINT_FILES)})")
+    return folder, source
+
+
 def resolve(name_or_path: str | os.PathLike, revision: str | None = None, source: str = "auto",
             cache_dir: str | os.PathLike | None = None, endpoint: str | None = None,
             token: str | bool | None = None) -> tuple[Path, str]:
-    """A checkpoint directory for a path or a catalogue name, and which source it came from (see the module doc)."""
+    """A checkpoint directory for a path, a catalogue name or ``hf-hub:ORG/NAME[@REV]``, and where it came from.
+
+    Catalogue names, in order: the Hub cache (verified, no network); a download when the Hub is asked for
+    (``source="hub"``, a ``revision``, ``$HF_ENDPOINT`` or ``ZOO_HUB=1``); the copy bundled in a checkout; and,
+    where there is none (a plain ``pip install``: the wheel ships no weights), a verified download.
+    """
     if source not in SOURCES:
-        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+        raise ConfigError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+    text = str(name_or_path)
+    if text.startswith(HF_PREFIX):
+        repo_id, rev = parse_hf_spec(text)
+        if revision is not None and rev is not None and revision != rev:
+            raise ConfigError(f"{text}: the spec says revision {rev!r} but revision={revision!r} was passed")
+        rev = rev or revision
+        rel = pinned_release(repo_id, rev)
+        if rel is not None:
+            return resolve(rel.name, revision=rev, source="hub", cache_dir=cache_dir, endpoint=endpoint, token=token)
+        return download_repo(repo_id, rev, cache_dir=cache_dir, endpoint=endpoint, token=token)
     path = Path(name_or_path)
     if path.is_dir() and (path / "config.json").is_file():
         return path, "local path"
-    text = str(name_or_path)
     if os.sep in text or text.startswith(".") or path.exists():
-        raise ModelNotFoundError(f"{text}: not a checkpoint directory (it needs config.json, model.safetensors, "
-                                 "vocab.json)")
+        raise ModelNotFoundError(f"{text}: not a checkpoint directory (it needs {', '.join(CHECKPOINT_FILES)})")
     name = canonical_name(text)
     entry = catalog().get("models", {}).get(name)
     if entry is None:
-        release(name)  # raises the "unknown model" error
+        raise unknown_model(name)
     bundled = bundled_dir() / name
     if source == "bundled" or not (entry.get("repo_id") and entry.get("files")):
         if bundled.is_dir():
@@ -295,7 +352,7 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None, source
     if hit is not None:
         return hit, "hub cache"
     explicit = source == "hub" or revision is not None
-    if explicit or hub_requested():
+    if explicit or hub_requested() or not bundled.is_dir():
         if not is_offline():
             try:
                 return download(name, revision, cache_dir=cache_dir, endpoint=endpoint, token=token)
@@ -311,159 +368,6 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None, source
                            "with network access")
     if bundled.is_dir():
         return bundled, "bundled"
-    how = (f"unset HF_HUB_OFFLINE and run `zoo download {name}`" if is_offline()
-           else f"run `zoo download {name}` (set HF_ENDPOINT for a mirror)")
     raise ModelNotFoundError(f"model {name!r} has no bundled copy and is not in the Hub cache "
-                             f"({hub_cache_dir(cache_dir)}): {how} to fetch {rel.repo_id}@{rel.revision}")
-
-
-# -- publishing ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Upload:
-    """One file of a publish commit."""
-
-    path_in_repo: str
-    local: Path
-    size: int
-    sha256: str
-
-
-def _export_path(rel: Path) -> str | None:
-    """Where an export file goes in the repo: ``onnx/...`` or ``torchscript/...`` (``None``: not an export)."""
-    if rel.parts[0] in EXPORT_FOLDERS:
-        return rel.as_posix()
-    name = rel.name.lower()
-    if name.endswith((".onnx", ".onnx.data", ".onnx_data")):
-        return f"onnx/{rel.as_posix()}"
-    if name.endswith((".pt", ".ts", ".torchscript")):
-        return f"torchscript/{rel.as_posix()}"
-    return None
-
-
-def default_exports_dir() -> Path:
-    return Path(os.environ.get("ZOO_EXPORTS_DIR") or Path(__file__).resolve().parent.parent / "exports" / "out")
-
-
-def publish_plan(name: str, exports_dir: str | os.PathLike | None = None) -> list[Upload]:
-    """Every file a publish commit holds: the bundled model (verified against the catalogue) and its exports."""
-    name = canonical_name(name)
-    entry = catalog().get("models", {}).get(name)
-    if entry is None:
-        raise ModelNotFoundError(f"unknown model {name!r} (see `zoo list`)")
-    src = bundled_dir() / name
-    if not src.is_dir():
-        raise ModelNotFoundError(f"model {name!r} has no bundled copy in {bundled_dir()}: run `zoo bundle` first")
-    rel = Release(name, entry.get("repo_id", ""), entry.get("revision", DEFAULT_REVISION), entry.get("files", {}))
-    if not rel.files:
-        raise HubError(f"catalogue entry {name!r} has no file list (re-run `zoo bundle`)")
-    verify_files(src, rel, f"the bundled copy {src} (re-run `zoo bundle` if it was changed on purpose)")
-    plan = [Upload(f, src / f, meta["size"], meta["sha256"]) for f, meta in sorted(rel.files.items())]
-    exports = Path(exports_dir) if exports_dir else default_exports_dir()
-    if (exports / name).is_dir():
-        for p in sorted((exports / name).rglob("*")):
-            dest = _export_path(p.relative_to(exports / name)) if p.is_file() else None
-            if dest:
-                plan.append(Upload(dest, p, p.stat().st_size, sha256_file(p)))
-    return plan
-
-
-def publish(name: str, repo_id: str, *, tag: str | None = None, dry_run: bool = False,
-            exports_dir: str | os.PathLike | None = None, token: str | bool | None = None,
-            endpoint: str | None = None, private: bool | None = None, commit_message: str | None = None,
-            out: TextIO | None = None) -> dict[str, Any]:
-    """Upload a bundled model (and its exports) to ``repo_id`` as one commit, then tag it.
-
-    ``dry_run`` prints exactly what would be uploaded and touches nothing. After a real publish the
-    catalogue's ``repo_id``/``revision`` point at the new release.
-    """
-    out = out or sys.stdout
-    if not re.match(r"^[\w.-]+/[\w.-]+$", repo_id):
-        raise ValueError(f"invalid repo id {repo_id!r} (expected ORG/NAME)")
-    name = canonical_name(name)
-    plan = publish_plan(name, exports_dir)
-    entry = catalog()["models"][name]
-    tag = tag or entry.get("revision") or DEFAULT_REVISION
-    if re.fullmatch(r"[0-9a-f]{40}", tag):
-        raise ValueError(f"tag {tag!r} looks like a commit id; pass --tag NAME (e.g. v1.0)")
-    message = commit_message or f"{name} {tag}: weights, vocabulary, model card" + (
-        ", exports" if any(u.path_in_repo.split("/")[0] in EXPORT_FOLDERS for u in plan) else "")
-    total = sum(u.size for u in plan)
-    print(f"{'would upload' if dry_run else 'uploading'} {len(plan)} files ({total:,} bytes) to "
-          f"{repo_id} as one commit ({message!r}), then tag {tag!r}:", file=out)
-    for u in plan:
-        print(f"  {u.path_in_repo:40s} {u.size:>12,}  sha256 {u.sha256}  <- {u.local}", file=out)
-    result = {"repo_id": repo_id, "tag": tag, "files": [u.path_in_repo for u in plan], "dry_run": dry_run}
-    if dry_run:
-        return result
-
-    from huggingface_hub import CommitOperationAdd, HfApi
-    from huggingface_hub.errors import HfHubHTTPError
-
-    import zoo
-
-    ep = hub_endpoint(endpoint)
-    api = HfApi(endpoint=ep, token=token, library_name="alstm-zoo", library_version=zoo.__version__)
-    try:
-        api.create_repo(repo_id, repo_type="model", exist_ok=True, private=private)
-        ops = [CommitOperationAdd(path_in_repo=u.path_in_repo, path_or_fileobj=str(u.local)) for u in plan]
-        commit = api.create_commit(repo_id, operations=ops, commit_message=message, repo_type="model")
-        api.create_tag(repo_id, tag=tag, revision=commit.oid, tag_message=f"{name} release {tag}",
-                       repo_type="model")
-    except HfHubHTTPError as e:
-        status = getattr(getattr(e, "response", None), "status_code", "?")
-        hint = " (does the tag exist already? pass --tag)" if status == 409 else ""
-        raise HubError(f"publishing to {repo_id} at {ep} failed: HTTP {status}{hint}: {_reason(e)}") from None
-    except OSError as e:
-        raise HubError(f"cannot reach the Hub at {ep} ({_reason(e)})") from None
-
-    def change(cat: dict[str, Any]) -> None:
-        cat["models"][name]["repo_id"] = repo_id
-        cat["models"][name]["revision"] = tag
-
-    if entry.get("repo_id") != repo_id or entry.get("revision") != tag:
-        update_catalog(catalog_path(), change)
-        print(f"catalogue: {name} now points at {repo_id}@{tag}", file=out)
-    print(f"published {repo_id}@{tag} (commit {commit.oid})", file=out)
-    return dict(result, commit=commit.oid, commit_url=str(commit.commit_url))
-
-
-# -- command line -------------------------------------------------------------------------------------------
-def cmd_download(args: argparse.Namespace) -> int:
-    if args.local_dir:
-        target = download_to(args.model, args.local_dir, revision=args.revision, force=args.force)
-        print(f"{args.model}: verified {len(release(args.model, args.revision).files)} files -> {target}")
-        return 0
-    folder, source = download(args.model, args.revision, force=args.force)
-    rel = release(args.model, args.revision)
-    print(f"{rel.name}: {rel.repo_id}@{rel.revision} from the {source.replace('hub ', '')}, sha256 verified for "
-          f"{len(rel.files)} files -> {folder}")
-    return 0
-
-
-def cmd_publish(args: argparse.Namespace) -> int:
-    repo_id = args.repo_id
-    if repo_id is None:  # the catalogue's repository for this model
-        repo_id = catalog().get("models", {}).get(canonical_name(args.model), {}).get("repo_id")
-        if not repo_id:
-            raise HubError(f"{args.model}: the catalogue names no Hub repository; give --repo-id ORG/NAME")
-    publish(args.model, repo_id, tag=args.tag, dry_run=args.dry_run, exports_dir=args.exports_dir,
-            private=args.private or None)
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    sp = subparsers.add_parser("download", help="fetch a pretrained model from the Hub into the cache (verified)")
-    sp.add_argument("model", help="catalogue name (see `zoo list`) or `default`")
-    sp.add_argument("--revision", help="Hub revision (tag, branch or commit; default: the catalogue's pinned tag)")
-    sp.add_argument("--local-dir", help="also copy the verified files into this (new or empty) folder")
-    sp.add_argument("--force", action="store_true", help="download again even if the cache holds it")
-    sp.set_defaults(func=cmd_download)
-
-    sp = subparsers.add_parser("publish", help="upload a bundled model (+ exports) to the Hub and tag the release")
-    sp.add_argument("model", help="catalogue name of a bundled model")
-    sp.add_argument("--repo-id", help="target Hub repository, ORG/NAME (default: the catalogue's repo_id)")
-    sp.add_argument("--tag", help="release tag (default: the catalogue's revision, e.g. v1.0)")
-    sp.add_argument("--dry-run", action="store_true", help="print exactly what would be uploaded; touch nothing")
-    sp.add_argument("--exports-dir", help="folder holding <name>/ exports (default: exports/out)")
-    sp.add_argument("--private", action="store_true", help="create the repository as private")
-    sp.set_defaults(func=cmd_publish)
+                             f"({hub_cache_dir(cache_dir)}): unset HF_HUB_OFFLINE and run `zoo download {name}` "
+                             f"to fetch {rel.repo_id}@{rel.revision}")

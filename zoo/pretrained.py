@@ -1,93 +1,32 @@
 """Ready-to-use models: ``zoo.load(name_or_path)`` and the :class:`ZooModel` it returns.
 
-Resolution of a name (see :mod:`zoo.hub` for when the network is used): an explicit local
-directory is loaded as is; a catalogue name (``zoo list``) resolves to the Hub (the local Hub
-cache first), then to its copy bundled in the package. ``default`` is an alias for the
-catalogue's default model. ``$ZOO_CATALOG`` points at another catalogue (its bundled copies live
-in ``pretrained/`` beside it, or in ``$ZOO_PRETRAINED_DIR``), e.g. for tests or a private registry.
+Resolution of a name is :func:`zoo.hub.resolve` (which says when the network is used): an explicit local
+directory is loaded as is; a catalogue name (``zoo list``, :mod:`zoo.catalog`) resolves to the Hub cache, its
+copy bundled in a checkout, or a verified download; ``hf-hub:ORG/NAME[@REVISION]`` loads any compatible Hub
+repo. ``default`` is an alias for the catalogue's default model.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from zoo.catalog import bundled_dir, canonical_name, catalog, catalog_path, resolve_local  # noqa: F401 (re-exported)
 from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import load_corpus, sentences
 from zoo.dynamic import DEFAULTS as DYNAMIC_DEFAULTS
 from zoo.dynamic import DynamicParams, dynamic_logprobs
+from zoo.errors import ConfigError, ModelNotFoundError  # noqa: F401 (re-exported)
 from zoo.generation import SamplingParams, sample_ids, stream_text
 from zoo.lm import LanguageModel
 from zoo.precision import AutocastRunner
 from zoo.precision import check as check_precision
 from zoo.scoring import ScoreReport, evaluate_sentences, evaluate_stream, score_texts, summarize
 from zoo.tokenizer import Tokenizer
-
-PACKAGE_DIR = Path(__file__).resolve().parent
-CATALOG_FILE = PACKAGE_DIR / "catalog.json"
-BUNDLED_DIR = PACKAGE_DIR / "pretrained"
-
-
-class ModelNotFoundError(LookupError):
-    """A name is neither a local checkpoint directory nor a catalogue entry."""
-
-
-def catalog_path() -> Path:
-    """``$ZOO_CATALOG`` when set, else the packaged ``zoo/catalog.json``."""
-    return Path(os.environ.get("ZOO_CATALOG") or CATALOG_FILE)
-
-
-def bundled_dir() -> Path:
-    """Where bundled copies live: ``$ZOO_PRETRAINED_DIR``, else ``pretrained/`` beside the catalogue."""
-    env = os.environ.get("ZOO_PRETRAINED_DIR")
-    return Path(env) if env else catalog_path().parent / "pretrained"
-
-
-@lru_cache(maxsize=4)
-def _catalog_cached(path: str, mtime_ns: int) -> dict[str, Any]:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def catalog() -> dict[str, Any]:
-    """The catalogue of pretrained models (``zoo/catalog.json`` or ``$ZOO_CATALOG``)."""
-    path = catalog_path()
-    if not path.is_file():
-        return {"default": None, "models": {}}
-    return _catalog_cached(str(path), path.stat().st_mtime_ns)
-
-
-def canonical_name(name: str) -> str:
-    """Resolve the ``default`` alias to a catalogue name."""
-    cat = catalog()
-    if name == "default":
-        if not cat.get("default"):
-            raise ModelNotFoundError("no default model is configured in the catalogue")
-        return cat["default"]
-    return name
-
-
-def resolve_local(name_or_path: str | os.PathLike) -> tuple[Path, str]:
-    """A checkpoint directory for a path or a bundled catalogue name, and which source it is."""
-    path = Path(name_or_path)
-    if path.is_dir() and (path / "config.json").is_file():
-        return path, "local path"
-    name = canonical_name(str(name_or_path))
-    models = catalog().get("models", {})
-    if name not in models:
-        known = ", ".join(sorted(models)) or "none"
-        raise ModelNotFoundError(f"unknown model {str(name_or_path)!r}: not a checkpoint directory and not in the "
-                                 f"catalogue (known: {known}; see `zoo list`)")
-    bundled = bundled_dir() / name
-    if bundled.is_dir():
-        return bundled, "bundled"
-    raise ModelNotFoundError(f"model {name!r} is in the catalogue but has no bundled copy; "
-                             f"fetch it with `zoo download {name}`")
 
 
 class ZooModel:
@@ -108,13 +47,18 @@ class ZooModel:
         self.backend = backend
         self.precision = "fp32"
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the files were checked against the catalogue's sha256 pins (bundled or a catalogue release)."""
+        return self.source in ("bundled", "hub cache", "hub download")
+
     def set_precision(self, precision: str) -> ZooModel:
         """Compute precision of eager scoring and generation: ``"fp32"`` (default: exact numbers) or ``"bf16"``
         (bfloat16 GEMMs, see :mod:`zoo.precision`; the perplexity changes slightly, and whether it is faster
         depends on the CPU). Exports (TorchScript / ONNX) run as exported: only the eager backend takes this."""
         check_precision(precision)
         if precision != "fp32" and self.backend != "eager":
-            raise ValueError(f"precision {precision!r} applies to the eager backend only, not {self.backend!r}")
+            raise ConfigError(f"precision {precision!r} applies to the eager backend only, not {self.backend!r}")
         if self.backend == "eager":   # an export's runner stays as attached
             self.runner = self.lm if precision == "fp32" else AutocastRunner(self.lm, precision)
         self.precision = precision
@@ -148,7 +92,7 @@ class ZooModel:
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise TypeError("texts must be a str or a list of str")
+            raise ConfigError("texts must be a str or a list of str")
         dyn = self._dynamic(dynamic)
         return score_texts(self.lm if dyn else self.runner, self.tokenizer, texts, return_tokens=return_tokens,
                            batch_size=batch_size, progress=progress, dynamic=dyn)
@@ -157,7 +101,7 @@ class ZooModel:
         if dynamic is False or dynamic is None:
             return None
         if self.backend != "eager" or self.precision != "fp32":
-            raise ValueError("dynamic evaluation runs on the eager backend in fp32 (it takes gradient steps)")
+            raise ConfigError("dynamic evaluation runs on the eager backend in fp32 (it takes gradient steps)")
         return DYNAMIC_DEFAULTS if dynamic is True else dynamic
 
     def stream(self, prompt: str = "", **sampling: Any) -> Iterator[str]:
@@ -190,16 +134,16 @@ class ZooModel:
         dyn = self._dynamic(dynamic)
         dataset = dataset or self.config.get("dataset")
         if not dataset:
-            raise ValueError("this checkpoint does not say its dataset: pass one")
+            raise ConfigError("this checkpoint does not say its dataset: pass one")
         corpus = load_corpus(dataset, data_dir)
         if corpus.vocab != self.tokenizer.vocab:
-            raise ValueError(f"model vocabulary does not match the {dataset} vocabulary")
+            raise ConfigError(f"model vocabulary does not match the {dataset} vocabulary")
         proto = self.eval_protocol(split)
         batch_size = batch_size or proto["batch_size"]
         bptt = bptt or proto["bptt"]
         if dyn is not None:
             if proto["mode"] == "sentences":
-                raise ValueError("dynamic evaluation scores one stream; this model was trained on single sentences")
+                raise ConfigError("dynamic evaluation scores one stream; this model was trained on single sentences")
             stream = corpus.split(split)
             lp = dynamic_logprobs(self.lm, stream[:-1], stream[1:], dyn, progress=progress,
                                   desc=f"{dataset}/{split} (dynamic)")
@@ -229,13 +173,21 @@ def load(name_or_path: str | os.PathLike, backend: str = "eager", precision: str
     ``source="auto"|"hub"|"bundled"``, ``token``, ``cache_dir``, ``endpoint``); ``model.source`` says where the
     weights came from.
     """
-    from zoo.hub import resolve
+    from zoo.hub import HF_PREFIX, parse_hf_spec, pinned_release, resolve
 
     check_precision(precision)
     if precision != "fp32" and backend != "eager":
-        raise ValueError(f"precision {precision!r} applies to the eager backend only, not {backend!r}")
+        raise ConfigError(f"precision {precision!r} applies to the eager backend only, not {backend!r}")
     directory, source = resolve(name_or_path, **kwargs)
-    name = None if source == "local path" else canonical_name(str(name_or_path))
+    text = str(name_or_path)
+    if source == "local path":
+        name = None
+    elif text.startswith(HF_PREFIX):
+        repo_id, rev = parse_hf_spec(text)
+        rel = None if "unpinned" in source else pinned_release(repo_id, rev or kwargs.get("revision"))
+        name = rel.name if rel else repo_id.split("/")[-1]
+    else:
+        name = canonical_name(text)
     model = ZooModel.from_pretrained(directory, source=source, name=name)
     if backend != "eager":
         from zoo.backends import attach_backend

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zoo.data import EOS, UNK
+from zoo.errors import ConfigError
 
 NORMALIZATIONS = ("ptb", "wikitext", "ptb-char")
 
@@ -67,9 +68,9 @@ class Tokenizer:
 
     def __init__(self, vocab: list[str], normalization: str):
         if normalization not in NORMALIZATIONS:
-            raise ValueError(f"unknown normalization {normalization!r}; known: {', '.join(NORMALIZATIONS)}")
+            raise ConfigError(f"unknown normalization {normalization!r}; known: {', '.join(NORMALIZATIONS)}")
         if EOS not in vocab:
-            raise ValueError("vocabulary has no <eos>")
+            raise ConfigError("vocabulary has no <eos>")
         self.vocab = list(vocab)
         self.normalization = normalization
         self.index = {tok: i for i, tok in enumerate(self.vocab)}
@@ -82,6 +83,35 @@ class Tokenizer:
 
     def to_dict(self) -> dict[str, Any]:
         return {"normalization": self.normalization, "vocab_file": "vocab.json", "vocab_size": len(self.vocab)}
+
+    def to_hf_json(self) -> dict[str, Any]:
+        """This vocabulary as a Hugging Face ``tokenizers`` file (``tokenizer.json``): other tools read it.
+
+        A ``WordLevel`` model over whitespace-separated symbols with one ``<eos>`` appended per encoded line, so
+        on text in the corpus's own conventions (every line of the benchmark splits) it gives exactly the zoo's
+        ids; a character model's symbols are the corpus's space-separated characters (``_`` between words).
+        What it does not carry is the zoo's normalisation of raw text (PTB's lower case, ``N`` for numbers, its
+        punctuation rules): that is code (:meth:`encode`), not a table, so text must be normalised first.
+        """
+        special = [t for t in (EOS, UNK) if t in self.index]
+        added = [{"id": self.index[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                  "normalized": False, "special": True} for t in special]
+        eos = {"SpecialToken": {"id": EOS, "type_id": 0}}
+        decoder = ({"type": "Sequence", "decoders": [
+            {"type": "Fuse"}, {"type": "Replace", "pattern": {"String": "_"}, "content": " "}]}
+            if self.is_char else None)
+        return {
+            "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": {
+                "type": "TemplateProcessing",
+                "single": [{"Sequence": {"id": "A", "type_id": 0}}, eos],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, eos, {"Sequence": {"id": "B", "type_id": 1}}, eos],
+                "special_tokens": {EOS: {"id": EOS, "ids": [self.eos_id], "tokens": [EOS]}},
+            },
+            "decoder": decoder,
+            "model": {"type": "WordLevel", "vocab": dict(self.index), "unk_token": UNK},
+        }
 
     # -- normalisation ---------------------------------------------------------------------------------
     # Each normaliser returns (symbol, source) pieces that cover every non-space character of the line exactly

@@ -39,13 +39,12 @@ from tqdm.auto import tqdm
 
 from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import PAD_TARGET, Corpus, batchify, load_corpus, pad_batch, sentences
+from zoo.datasets import get_dataset
 from zoo.lm import LanguageModel
 from zoo.precision import autocast
 from zoo.precision import check as check_precision
 from zoo.scoring import evaluate_sentences, evaluate_stream
 from zoo.tokenizer import Tokenizer
-
-NORMALIZATION = {"ptb": "ptb", "wikitext-2": "wikitext", "ptb-char": "ptb-char"}
 
 
 @dataclass
@@ -141,15 +140,42 @@ def nonmonotone_trigger(history: list[float], val_loss: float, nonmono: int) -> 
 
 
 # -- distributed -----------------------------------------------------------------------------------------
+# Under ``torchrun`` every process is one rank. Decisions, in one place:
+# * device: a CUDA run uses ``cuda:LOCAL_RANK`` (``set_device`` before the process group, ``device_ids`` for DDP);
+# * seeds: the model is built from the recipe seed on every rank (and DDP broadcasts rank 0's weights anyway);
+#   the random streams every rank must agree on (variable BPTT lengths, sentence order) are numpy generators
+#   seeded by the recipe seed alone; dropout must differ between ranks (a single process draws independent masks
+#   for every row of the batch, and each rank holds different rows), so rank r > 0 reseeds torch from
+#   (seed, rank) after building the model, and from (seed, rank, step) after a resume (a checkpoint carries
+#   rank 0's generator state). Rank 0 keeps the single-process stream, so one process trains as before;
+# * teardown: the trainer destroys the process group it created when its run ends, also on error;
+# * at the end of training the ranks compare a checksum of their weights and the run fails if they differ.
 def _dist_info() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
-def _maybe_init_distributed(device: torch.device) -> None:
+def _local_device(device: torch.device) -> torch.device:
+    """The device of this process: ``cuda:LOCAL_RANK`` under torchrun when no index was given."""
+    if device.type == "cuda":
+        if device.index is None and "LOCAL_RANK" in os.environ:
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    return device
+
+
+def _maybe_init_distributed(device: torch.device) -> bool:
+    """Join the process group torchrun describes; True when this call created it (so the trainer tears it down)."""
     if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return True
+    return False
+
+
+def rank_seed(seed: int, rank: int, step: int = 0) -> int:
+    """The torch seed of rank ``rank`` > 0 (see the decisions above): distinct per rank, per resume point."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 
 # -- optimiser state as tensors + JSON (no pickle) ------------------------------------------------------
@@ -188,7 +214,8 @@ class Trainer:
         # Carried recurrent states drift into denormal floats, which made CPU training ~15x slower
         # (measured: 7.6k vs 0.4k tokens/s for the 2x200 LSTM); flushing them changes no metric.
         torch.set_flush_denormal(True)
-        _maybe_init_distributed(self.device)
+        self.device = _local_device(self.device)
+        self._owns_process_group = _maybe_init_distributed(self.device)
         self.rank, self.world = _dist_info()
         if self.cfg.batch_size % self.world:
             raise ValueError(f"batch_size {self.cfg.batch_size} is not divisible by {self.world} processes")
@@ -206,14 +233,17 @@ class Trainer:
         self._tb: Any = None          # the TensorBoard writer, opened by run() on rank 0
         self._tb_loss = [0.0, 0]      # loss sum and steps since the last step-level record
         self.corpus: Corpus = load_corpus(recipe.dataset, data_dir)
-        self.tokenizer = Tokenizer(self.corpus.vocab, NORMALIZATION[recipe.dataset])
+        self.tokenizer = Tokenizer(self.corpus.vocab, get_dataset(recipe.dataset).normalization)
         torch.manual_seed(recipe.seed)
         model_args = dict(recipe.model)
         model_args["vocab_size"] = len(self.corpus.vocab)
         self.model = LanguageModel(**model_args).to(self.device)
         self.train_module: torch.nn.Module = _TrainForward(self.model)
         if self.world > 1:
-            self.train_module = torch.nn.parallel.DistributedDataParallel(self.train_module)
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_module = torch.nn.parallel.DistributedDataParallel(self.train_module, device_ids=ids)
+        if self.rank > 0:
+            torch.manual_seed(rank_seed(recipe.seed, self.rank))
         self.optimizer = self._make_optimizer(self.cfg.optimizer)
         self.sentence_mode = self.cfg.mode == "sentences"
         if self.sentence_mode:
@@ -311,6 +341,8 @@ class Trainer:
         if "rng.cuda" in tensors and self.device.type == "cuda":
             torch.cuda.set_rng_state(tensors["rng.cuda"], self.device)
         self.bptt_rng.bit_generator.state = meta["bptt_rng"]
+        if self.rank > 0:  # the checkpoint holds rank 0's generator: give this rank its own stream again
+            torch.manual_seed(rank_seed(self.recipe.seed, self.rank, int(meta["step"])))
         random.setstate((3, tuple(meta["python_rng"]), None))
         for k in ("epoch", "pos", "step", "lr", "best_val", "history", "elapsed", "epoch_loss",
                   "epoch_tokens", "epoch_seconds"):
@@ -450,6 +482,8 @@ class Trainer:
             if self._tb is not None:
                 self._tb.close()
                 self._tb = None
+            if self._owns_process_group and dist.is_initialized():
+                dist.destroy_process_group()
 
     def _run(self) -> dict[str, Any]:
         self.model.train()
@@ -513,7 +547,21 @@ class Trainer:
             if cfg.max_minutes and self.elapsed > cfg.max_minutes * 60 and self.epoch <= cfg.epochs:
                 self._log_line({"event": "budget_stop", "epoch": self.epoch - 1, "elapsed": self.elapsed})
                 break
+        self._check_ranks_in_sync()
         return self.finish()
+
+    def _check_ranks_in_sync(self) -> None:
+        """DDP keeps the replicas equal; a checksum per rank proves it before rank 0 evaluates and writes."""
+        if self.world < 2:
+            return
+        mine = torch.tensor([sum(float(p.detach().double().sum()) for p in self.model.parameters())],
+                            dtype=torch.float64, device=self.device)
+        sums = [torch.zeros_like(mine) for _ in range(self.world)]
+        dist.all_gather(sums, mine)
+        values = [float(t) for t in sums]
+        if max(values) - min(values) > 1e-6 * max(1.0, abs(values[0])):
+            raise RuntimeError(f"DDP replicas diverged: weight checksums per rank {values}")
+        self.ranks_in_sync = True
 
     def _end_epoch(self) -> None:
         backup = self._averaged()
@@ -568,6 +616,8 @@ class Trainer:
             "world_size": self.world, "recipe": self.recipe.to_dict(), "release": release,
             "mode": self.cfg.mode,
         }
+        if self.world > 1:
+            result["ranks_in_sync"] = getattr(self, "ranks_in_sync", False)
         (self.run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
         self._log_line({"event": "finished", "best_valid_ppl": valid["ppl"], "best_test_ppl": test["ppl"]})
         return result

@@ -26,14 +26,15 @@ FORMATS = ("onnx", "torchscript")
 MANIFEST = "export.json"
 #: Batch size of the example inputs used to capture the graphs; parity checks use other shapes.
 EXAMPLE_BATCH = 2
-PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
 def exports_root() -> Path:
-    """Where ``zoo export`` writes by default and where backends look first: ``exports/out`` of the
-    checkout (``$ZOO_EXPORTS_DIR`` overrides). The folder is git-ignored; the Hub publish carries exports."""
+    """Where ``zoo export`` writes by default and where backends look first: ``$ZOO_EXPORTS_DIR`` (a checkout's
+    ``.venv`` sets it to ``exports/out``), else ``$XDG_DATA_HOME/alstm-zoo/exports`` (``~/.local/share/...``)."""
     env = os.environ.get("ZOO_EXPORTS_DIR")
-    return Path(env) if env else PACKAGE_DIR.parent / "exports" / "out"
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "alstm-zoo" / "exports"
 
 
 def cache_root() -> Path:

@@ -154,10 +154,10 @@ def set_metadata(model, meta: dict[str, Any]) -> None:
     """Named metadata (opset, checkpoint hash, state names, ...) readable with any ONNX tool."""
     from onnx import helper
 
-    import zoo
+    from zoo.version import __version__
 
     model.producer_name = "alstm-zoo"
-    model.producer_version = zoo.__version__
+    model.producer_version = __version__
     props = {f"zoo.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
     helper.set_model_props(model, props)
 

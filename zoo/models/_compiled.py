@@ -117,8 +117,9 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
             if before is None and not verbose:
                 print(f"zoo: compiling the C++ extension {name!r} (once; cached in {build_dir})",
                       file=sys.stderr)
-            mod = cpp_extension.load(module_name, [str(SOURCES[name])], extra_cflags=CFLAGS,
-                                     build_directory=str(build_dir), verbose=verbose)
+            with _build_lock(build_dir):
+                mod = cpp_extension.load(module_name, [str(SOURCES[name])], extra_cflags=CFLAGS,
+                                         build_directory=str(build_dir), verbose=verbose)
         except Exception as e:  # no compiler, no ninja, a read-only cache dir: fall back, say so once
             _info[name] = {"available": False, "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
             warnings.warn(f"zoo: the compiled {name!r} loop is unavailable ({_info[name]['reason']}); "
@@ -129,6 +130,25 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
                        "seconds": time.perf_counter() - start}
         _loaded[name] = mod
         return mod
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """One builder per folder across processes, with a lock the kernel releases when its holder dies.
+
+    torch's own lock (a ``lock`` file it creates and deletes) is left behind by a process killed mid-build, and
+    every later process then waits for it forever. Under this ``flock`` no other zoo process can be building, so
+    a torch lock file found here is such a leftover and is removed.
+    """
+    import fcntl
+
+    with open(build_dir / "zoo-build.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _ninja_on_path() -> None:

@@ -25,12 +25,11 @@ from torch.autograd.function import once_differentiable
 
 from zoo.models import _gemm as gemm
 from zoo.models._fused import needs_autograd, tanh_into
+from zoo.models._pnorm_gates import PNORM_EPS, pnorm_gates
 from zoo.models.base import State
 
 
 def _gates(a: Tensor, p: float) -> tuple[Tensor, Tensor]:
-    from zoo.models.pnorm_gru import pnorm_gates  # (the model module imports this one)
-
     return pnorm_gates(a, p)
 
 
@@ -38,8 +37,6 @@ def _d_alpha2(a: Tensor, alpha1: Tensor, alpha2: Tensor, p: float) -> Tensor:
     """``d alpha2 / d a`` of :func:`zoo.models.pnorm_gru.pnorm_gates` (zero where its clamp is active)."""
     if p == 1.0:
         return alpha1 * (alpha1 - 1.0)
-    from zoo.models.pnorm_gru import PNORM_EPS
-
     u = -p * torch.nn.functional.softplus(-a)            # log(alpha1^p), before the clamp
     limit = math.log1p(-PNORM_EPS)
     eu = torch.exp(torch.clamp(u, max=limit))            # alpha1^p

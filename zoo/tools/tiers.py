@@ -1,15 +1,15 @@
 """Tier comparisons: the papers' relative claims checked on runs trained here under one budget.
 
-A tier (``zoo/tiers.toml``) names roles (``alstm``, ``lstm``, ...), each a list of recipes: a single model or
+A tier (``zoo/tools/tiers.toml``) names roles (``alstm``, ``lstm``, ...), each a list of recipes: a single model or
 a short sweep. Each role is represented by its sweep point with the best *validation* metric (the test split
 never selects anything); the claims are then computed from the runs' ``eval.json`` and ``log.jsonl``, and
 written to ``model_cards/tiers/<tier>.json`` (numbers) and ``.md`` (the README's table), with a curve figure
 ``model_cards/<tier>-tier-curve.png``. Roles whose runs are missing or unfinished are reported as such, and
 a claim that cannot be computed yet says so instead of guessing.
 
-    python -m zoo.tiers ptb-5m                 # reads runs/<recipe>/ (else the bundled copies of its log and
+    python -m zoo.tools.tiers ptb-5m                 # reads runs/<recipe>/ (else the bundled copies of its log and
                                                # eval.json in model_cards/), writes model_cards/tiers/ptb-5m.*
-    python -m zoo.tiers ptb-5m --runs-dir /elsewhere/runs
+    python -m zoo.tools.tiers ptb-5m --runs-dir /elsewhere/runs
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from zoo.cards import primary_metric, release_metrics, short_device
+from zoo.tools import REPO
+from zoo.tools.cards import primary_metric, release_metrics, short_device
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-TIERS_FILE = PACKAGE_DIR / "tiers.toml"
-REPO = PACKAGE_DIR.parent
+TIERS_FILE = Path(__file__).resolve().parent / "tiers.toml"
 
 
 def load_tiers(path: Path = TIERS_FILE) -> dict[str, Any]:
@@ -67,7 +66,7 @@ def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0)
     out: dict[str, Any] = {"run": name, "status": "stopped early" if stopped else "unfinished", "epochs": epochs,
                            "log": shown.as_posix()}
     if ev_path.is_file():
-        from zoo.bundle import find_reference  # (zoo.bundle reads the tier reports)
+        from zoo.tools.bundle import find_reference  # (zoo.tools.bundle reads the tier reports)
 
         ev = json.loads(ev_path.read_text())
         out.update(status="finished", metrics=release_metrics(ev), num_parameters=ev["num_parameters"],
@@ -231,7 +230,7 @@ def write(report: dict[str, Any], out_dir: Path, figure_dir: Path) -> list[Path]
     paths[1].write_text(markdown(report))
     shown = [r for info in report["roles"].values() for r in info["sweep"] if r["status"] != "missing"]
     if shown:
-        from zoo.plots import plot_curves
+        from zoo.tools.plots import plot_curves
 
         metric = "valid_ppl" if report["metric"] == "perplexity" else "valid_bpc"
         labels = [r["run"] + (f" ({r['device']})" if r.get("device") else "") for r in shown]
@@ -242,7 +241,7 @@ def write(report: dict[str, Any], out_dir: Path, figure_dir: Path) -> list[Path]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("tier", nargs="+", help="tier name(s) from zoo/tiers.toml")
+    ap.add_argument("tier", nargs="+", help="tier name(s) from zoo/tools/tiers.toml")
     ap.add_argument("--runs-dir", default=str(REPO / "runs"))
     ap.add_argument("--out-dir", default=str(REPO / "model_cards" / "tiers"))
     ap.add_argument("--figure-dir", default=str(REPO / "model_cards"))

@@ -13,7 +13,6 @@ real package. Files are staged and swapped in, so a failed bundle leaves the old
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -23,26 +22,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from zoo.checkpoint import CARD_FILE, CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE
+from zoo.catalog import DEFAULT_REVISION, bundled_dir, catalog_path, sha256_file
+from zoo.checkpoint import CARD_FILE, CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, WEIGHTS_FILE
+from zoo.errors import ConfigError
+from zoo.tools import PACKAGE_DIR, REPO
 
-PACKAGE_DIR = Path(__file__).resolve().parent
 RELEASE_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,95}$")
 FIGURE_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg"}
 DEFAULT_ORG = "alstm-zoo"
-DEFAULT_REVISION = "v1.0"
 
 
-class BundleError(ValueError):
+class BundleError(ConfigError):
     """The run dir or the options cannot make a bundle (a user error: one line, exit 2)."""
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def file_records(directory: Path) -> dict[str, dict[str, Any]]:
@@ -55,7 +47,7 @@ def file_records(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def default_cards_dir() -> Path:
-    return Path(os.environ.get("ZOO_MODEL_CARDS_DIR") or PACKAGE_DIR.parent / "model_cards")
+    return Path(os.environ.get("ZOO_MODEL_CARDS_DIR") or REPO / "model_cards")
 
 
 # -- the catalogue ------------------------------------------------------------------------------------------
@@ -171,7 +163,7 @@ def find_reference(ev: dict[str, Any], recipe_path: str | os.PathLike | None = N
 
 
 def tier_reports(cards_dir: Path, run_name: str) -> list[dict[str, Any]]:
-    """The tier reports (``<cards>/tiers/*.json``, written by ``python -m zoo.tiers``) that include the run."""
+    """The tier reports (``<cards>/tiers/*.json``, written by ``python -m zoo.tools.tiers``) that include the run."""
     reports = []
     for path in sorted((cards_dir / "tiers").glob("*.json")):
         rep = json.loads(path.read_text(encoding="utf-8"))
@@ -191,9 +183,8 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
            pretrained_dir: str | os.PathLike | None = None, catalog_file: str | os.PathLike | None = None,
            cards_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Bundle a finished run; returns the catalogue entry written (plus ``directory`` and ``card``)."""
-    from zoo.cards import build_card, release_metrics
     from zoo.checkpoint import CheckpointError, load_checkpoint
-    from zoo.pretrained import bundled_dir, catalog_path
+    from zoo.tools.cards import build_card, release_metrics
 
     run = Path(run_dir)
     ev, log, config = read_run(run)
@@ -229,9 +220,11 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
         config = dict(config, name=name, metrics=metrics)
         (stage / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         try:
-            load_checkpoint(stage)  # strict: the shipped files must load exactly
+            _, tokenizer, _ = load_checkpoint(stage)  # strict: the shipped files must load exactly
         except CheckpointError as e:
             raise BundleError(f"the release checkpoint does not load: {e}") from None
+        # written here rather than copied, so that runs made before tokenizer.json existed ship one too
+        (stage / TOKENIZER_FILE).write_text(json.dumps(tokenizer.to_hf_json(), ensure_ascii=False), encoding="utf-8")
         fig_names = []
         for f in figs:
             fig_names.append(_figure_name(name, f))
@@ -288,8 +281,8 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
 
 # -- command line -------------------------------------------------------------------------------------------
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from zoo.cards import models_table_markdown
-    from zoo.cli import UsageError
+    from zoo.errors import UsageError
+    from zoo.tools.cards import models_table_markdown
 
     if args.readme_table:
         print(models_table_markdown(), end="")

@@ -34,18 +34,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-SERVING_DIR = REPO_DIR / "serving"
+from zoo.backends import backend_names
+from zoo.errors import ConfigError
+from zoo.service import Limits
+from zoo.tools import REPO
+
+SERVING_DIR = REPO / "serving"
 HANDLER_FILE = SERVING_DIR / "handler.py"
 DEFAULT_RUN_DIR = Path.home() / ".cache" / "alstm-zoo" / "serve"
 STATE_FILE, KEY_FILE = "server.json", "key_file.json"
 MAIN_CLASS = "org.pytorch.serve.ModelServer"
 #: TorchScript is left out on purpose: its archives are pickle-based and torch.jit is deprecated.
-SERVE_BACKENDS = ("eager", "onnx", "onnx-int8")
+SERVE_BACKENDS = tuple(backend_names(servable_only=True))
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class ServeError(ValueError):
+class ServeError(ConfigError):
     """A user-facing problem (bad argument, port in use, server failed to start): one line, exit 2.
 
     A ValueError so that ``zoo.cli.main`` reports it as a user error however the CLI was started
@@ -63,10 +67,11 @@ class ArchiveOptions:
     response_timeout: int = 120
     backend: str = "eager"
     threads: int = 1
-    max_texts: int = 64
-    max_chars: int = 10_000
-    max_total_chars: int = 100_000
-    max_new_tokens: int = 512
+    # the handler's limits default to the service core's (zoo.service.Limits), the one place they are set
+    max_texts: int = Limits.max_texts
+    max_chars: int = Limits.max_chars
+    max_total_chars: int = Limits.max_total_chars
+    max_new_tokens: int = Limits.max_new_tokens
 
     def validate(self) -> None:
         for key in ("workers", "batch_size", "response_timeout", "max_texts", "max_chars", "max_total_chars"):

@@ -1,6 +1,6 @@
 """Training curves from the trainer's ``log.jsonl`` files: validation perplexity against epoch and wall-clock.
 
-    python -m zoo.plots runs/lstm-ptb-zaremba-small --out model_cards/lstm-ptb-zaremba-small-curve.png
+    python -m zoo.tools.plots runs/lstm-ptb-zaremba-small --out model_cards/lstm-ptb-zaremba-small-curve.png
 """
 
 from __future__ import annotations

@@ -13,103 +13,36 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from zoo.datasets import get_dataset
+from zoo.registry import CITATIONS, get_spec
+from zoo.tools import PACKAGE_DIR
+
 LIBRARY = "alstm-zoo"
-RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+RECIPES_DIR = PACKAGE_DIR / "recipes"
 TASK_TYPE = "text-generation"
 TASK_NAME = "Language modeling"
 
 
-@dataclass(frozen=True)
-class DatasetInfo:
-    """How a benchmark is named on the Hub and in cards."""
-
-    hub_id: str
-    title: str
-    config: str | None
-    char_level: bool
-    licence: str
-    # the card's usage example, written in the corpus's own normalisation so that it scores as the data does
-    example_text: str = "the stock market fell sharply on monday"
-    example_prompt: str = "the company said"
-
-
-DATASETS: dict[str, DatasetInfo] = {
-    "ptb": DatasetInfo("ptb-text-only/ptb_text_only", "Penn Treebank (word level, Mikolov et al. 2010 preprocessing)",
-                       "penn_treebank", False, "LDC Treebank-3 (LDC99T42) text; the Mikolov preprocessing is "
-                       "redistributed for research use"),
-    "ptb-char": DatasetInfo("ptb-text-only/ptb_text_only", "Penn Treebank (character level, Mikolov)",
-                            "penn_treebank", True, "LDC Treebank-3 (LDC99T42) text; research use"),
-    "wikitext-2": DatasetInfo("Salesforce/wikitext", "WikiText-2 (wikitext-2-v1, tokenised)", "wikitext-2-v1", False,
-                              "CC BY-SA 3.0 (Wikipedia)",
-                              "The album was released in 2010 and received positive reviews from critics.",
-                              "The game was"),
-}
-
-ARCH_TITLES = {"alstm": "adaptive LSTM (aLSTM)", "hyperlstm": "HyperLSTM", "pnorm_gru": "p-norm gated GRU",
-               "lstm": "LSTM"}
-
-BIBTEX: dict[str, str] = {
-    "flennerhag2018": """@inproceedings{flennerhag2018breaking,
-  title     = {Breaking the Activation Function Bottleneck through Adaptive Parameterization},
-  author    = {Flennerhag, Sebastian and Yin, Hujun and Keane, John and Elliot, Mark},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  volume    = {31},
-  year      = {2018}
-}""",
-    "ha2017": """@inproceedings{ha2017hypernetworks,
-  title     = {HyperNetworks},
-  author    = {Ha, David and Dai, Andrew M. and Le, Quoc V.},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year      = {2017}
-}""",
-    "pham2016": """@inproceedings{pham2016faster,
-  title     = {Faster Training of Very Deep Networks Via p-Norm Gates},
-  author    = {Pham, Trang and Tran, Truyen and Phung, Dinh and Venkatesh, Svetha},
-  booktitle = {International Conference on Pattern Recognition (ICPR)},
-  year      = {2016},
-  eprint    = {1608.03639},
-  archivePrefix = {arXiv}
-}""",
-    "zaremba2014": """@article{zaremba2014recurrent,
-  title   = {Recurrent Neural Network Regularization},
-  author  = {Zaremba, Wojciech and Sutskever, Ilya and Vinyals, Oriol},
-  journal = {arXiv preprint arXiv:1409.2329},
-  year    = {2014}
-}""",
-    "merity2018": """@inproceedings{merity2018regularizing,
-  title     = {Regularizing and Optimizing {LSTM} Language Models},
-  author    = {Merity, Stephen and Keskar, Nitish Shirish and Socher, Richard},
-  booktitle = {International Conference on Learning Representations (ICLR)},
-  year      = {2018}
-}""",
-}
-
-
 def citation_keys(architecture: str, recipe: dict[str, Any] | None = None) -> list[str]:
-    """The source paper(s) of an architecture; an LSTM trained the AWD-LSTM way also cites Merity et al."""
-    if architecture == "alstm":
-        return ["flennerhag2018"]
-    if architecture == "hyperlstm":
-        return ["ha2017"]
-    if architecture == "pnorm_gru":
-        return ["pham2016"]
-    if architecture == "lstm":
-        recipe = recipe or {}
-        train, model = recipe.get("train", {}), recipe.get("model", {})
-        awd = (train.get("optimizer") == "ntasgd" or bool(train.get("alpha")) or bool(train.get("beta"))
-               or bool(model.get("arch_args", {}).get("weight_drop")))
-        return ["zaremba2014", "merity2018"] if awd else ["zaremba2014"]
-    raise ValueError(f"no source paper known for architecture {architecture!r}")
+    """The architecture's source paper(s) from the registry; a model trained the AWD-LSTM way (NT-ASGD, AR/TAR,
+    weight drop) also cites Merity et al. for the training method."""
+    spec = get_spec(architecture)
+    keys = list(spec.citations)
+    recipe = recipe or {}
+    train, model = recipe.get("train", {}), recipe.get("model", {})
+    awd = (train.get("optimizer") == "ntasgd" or bool(train.get("alpha")) or bool(train.get("beta"))
+           or bool(model.get("arch_args", {}).get("weight_drop")))
+    if awd and spec.awd_citation and spec.awd_citation not in keys:
+        keys.append(spec.awd_citation)
+    return keys
 
 
 # -- metrics ---------------------------------------------------------------------------------------------------
 def primary_metric(dataset: str) -> str:
     """``bits_per_char`` for character-level data (what its papers report), else ``perplexity``."""
-    return "bits_per_char" if _dataset(dataset).char_level else "perplexity"
+    return get_dataset(dataset).metric
 
 
 def release_metrics(ev: dict[str, Any]) -> dict[str, Any]:
@@ -121,17 +54,11 @@ def release_metrics(ev: dict[str, Any]) -> dict[str, Any]:
     return {"metric": "perplexity", "valid": valid["ppl"], "test": test["ppl"]}
 
 
-def _dataset(name: str) -> DatasetInfo:
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r} (known: {', '.join(sorted(DATASETS))})")
-    return DATASETS[name]
-
-
 def eval_results(ev: dict[str, Any]) -> list:
     """``EvalResult`` entries (valid and test; perplexity, plus bits per character for char-level data)."""
     from huggingface_hub import EvalResult
 
-    ds = _dataset(ev["dataset"])
+    ds = get_dataset(ev["dataset"])
     rel = ev.get("release") or {}
     out = []
     for split_key, split_name in (("valid", "validation"), ("test", "test")):
@@ -141,7 +68,7 @@ def eval_results(ev: dict[str, Any]) -> list:
             metrics.append(("bpc", "Bits per character", res["bits_per_token"]))
         for mtype, mname, value in metrics:
             out.append(EvalResult(task_type=TASK_TYPE, task_name=TASK_NAME, dataset_type=ds.hub_id,
-                                  dataset_name=ds.title, dataset_config=ds.config, dataset_split=split_name,
+                                  dataset_name=ds.title, dataset_config=ds.hub_config, dataset_split=split_name,
                                   metric_type=mtype, metric_name=mname, metric_value=value))
     return out
 
@@ -204,7 +131,7 @@ def card_data(name: str, ev: dict[str, Any], license: str = "mit", tags: list[st
     """The front matter (``ModelCardData``) of a run's card."""
     from huggingface_hub import ModelCardData
 
-    ds = _dataset(ev["dataset"])
+    ds = get_dataset(ev["dataset"])
     base_tags = [LIBRARY, ev["architecture"], "recurrent-neural-network", "language-model", ev["dataset"],
                  "safetensors", "character-level" if ds.char_level else "word-level"]
     return ModelCardData(model_name=name, eval_results=eval_results(ev), library_name=LIBRARY, license=license,
@@ -217,7 +144,7 @@ def build_card(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config:
                reference: dict[str, Any] | None = None, file_sizes: dict[str, int] | None = None,
                comparisons: list[dict[str, Any]] | None = None) -> str:
     """The full card (front matter + body) of a bundled model. ``comparisons``: the tier reports
-    (:mod:`zoo.tiers`) this run takes part in; the card states their claims, met or not."""
+    (:mod:`zoo.tools.tiers`) this run takes part in; the card states their claims, met or not."""
     data = card_data(name, ev, license=license)
     body = _body(name, ev, log, config, repo_id=repo_id, revision=revision, license=license,
                  figures=figures or [], reference=reference, file_sizes=file_sizes or {},
@@ -228,7 +155,7 @@ def build_card(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config:
 def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *, repo_id: str,
           revision: str, license: str, figures: list[str], reference: dict[str, Any] | None,
           file_sizes: dict[str, int], comparisons: list[dict[str, Any]]) -> str:
-    ds = _dataset(ev["dataset"])
+    ds = get_dataset(ev["dataset"])
     recipe = ev["recipe"]
     arch = ev["architecture"]
     rel = ev.get("release") or {"dtype": "float32", "valid": ev["valid"], "test": ev["test"]}
@@ -243,7 +170,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
 
     add(f"# {name}\n")
     desc = recipe.get("description") or ""
-    title = ARCH_TITLES.get(arch, arch)
+    title = get_spec(arch).title
     add(f"{'An' if title[0] in 'aeiouAEIL' else 'A'} {title} language model trained on {ds.title}, from the "
         f"`{LIBRARY}` model zoo. {desc}".rstrip() + "\n")
 
@@ -280,7 +207,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
         "zoo's catalogue).\n")
 
     add("## Model details\n")
-    details = [f"- Architecture: `{arch}` ({ARCH_TITLES.get(arch, arch)})",
+    details = [f"- Architecture: `{arch}` ({get_spec(arch).title})",
                f"- Parameters: {ev['num_parameters']:,}",
                f"- Vocabulary: {margs.get('vocab_size', 'n/a'):,} tokens, normalisation `{tok.get('normalization')}`"
                if isinstance(margs.get("vocab_size"), int) else "- Vocabulary: see vocab.json",
@@ -346,7 +273,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
             f"{rel['test']['ppl']:.4f} ({rel.get('test_ppl_change', 0.0):+.4%}).\n")
 
     add("## Limitations\n")
-    lim = [f"- Trained only on {ds.title}: {'1989 Wall Street Journal text' if 'ptb' in ev['dataset'] else 'Wikipedia'}"
+    lim = [f"- Trained only on {ds.title}: {ds.text_source}"
            " with that benchmark's preprocessing. Text outside it scores poorly: "
            + ("characters outside the 50-symbol alphabet are unknown." if ds.char_level else
               "words outside the closed vocabulary map to `<unk>` (see `oov` / `num_unk` in score reports), "
@@ -362,12 +289,12 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
 
     add("## Citation\n")
     add("If you use this model, please cite the paper(s) its architecture comes from:\n")
-    add("```bibtex\n" + "\n\n".join(BIBTEX[k] for k in citation_keys(arch, recipe)) + "\n```\n")
+    add("```bibtex\n" + "\n\n".join(CITATIONS[k] for k in citation_keys(arch, recipe)) + "\n```\n")
     return "\n".join(parts)
 
 
 def comparison_section(report: dict[str, Any], run_name: str) -> str:
-    """What a tier report (:mod:`zoo.tiers`) says about the role ``run_name`` plays in it."""
+    """What a tier report (:mod:`zoo.tools.tiers`) says about the role ``run_name`` plays in it."""
     role = next(r for r, info in report["roles"].items() if any(x["run"] == run_name for x in info["sweep"]))
     chosen = report["roles"][role]["chosen"]
     lines = [f"## Comparison: {report['title']}\n",

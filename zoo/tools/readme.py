@@ -5,7 +5,7 @@ between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` are produced here, nev
 
 * ``README.md``:
   * ``models-table``: from ``zoo/catalog.json`` (itself written by ``zoo bundle`` from each run's eval.json),
-    the tier comparisons ``python -m zoo.tiers`` wrote to ``model_cards/tiers/*.md``, and the training-curve
+    the tier comparisons ``python -m zoo.tools.tiers`` wrote to ``model_cards/tiers/*.md``, and the training-curve
     figures under ``model_cards/``;
   * ``benchmarks``: the markdown tables each benchmark wrote next to its JSON in ``benchmarks/results/``;
 * ``exports/README.md``: ``quantization`` and ``backends-table``, from ``benchmarks/results/quantization.md``
@@ -14,8 +14,8 @@ between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` are produced here, nev
 
 The benchmark scripts write those ``.md`` files and then call :func:`main` themselves.
 
-    python -m zoo.readme          # rewrite the READMEs
-    python -m zoo.readme --check  # exit 1 if a README is out of date (used by the tests)
+    python -m zoo.tools.readme          # rewrite the READMEs
+    python -m zoo.tools.readme --check  # exit 1 if a README is out of date (used by the tests)
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from zoo.tools import REPO
+
 RESULTS = Path("benchmarks") / "results"
 BENCHMARKS = [
     ("cells.md", "Cell speed (training and scoring tokens/s relative to the fused `nn.LSTM`)"),
@@ -39,10 +40,10 @@ BENCHMARKS = [
 
 
 def models_section(repo: Path = REPO) -> str:
-    from zoo.cards import models_table_markdown
+    from zoo.tools.cards import models_table_markdown
 
     parts = [models_table_markdown().strip()]
-    for tier in sorted((repo / "model_cards" / "tiers").glob("*.md")):  # written by `python -m zoo.tiers`
+    for tier in sorted((repo / "model_cards" / "tiers").glob("*.md")):  # written by `python -m zoo.tools.tiers`
         parts.append(f"{tier.read_text(encoding='utf-8').strip()}\n\n_Source: `model_cards/tiers/{tier.stem}.json`._")
     records = unbundled_runs_table(repo)
     if records:
@@ -58,7 +59,7 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
     stopped by a budget), from the two files each keeps in ``model_cards/runs/``: no number is typed."""
     import json
 
-    from zoo.cards import short_device
+    from zoo.tools.cards import short_device
 
     folder = repo / "model_cards" / "runs"
     rows = []
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None, repo: Path = REPO) -> int:
         if not args.check:
             (repo / rel).write_text(new, encoding="utf-8")
     if args.check and stale:
-        print(f"out of date: {', '.join(stale)}: run `python -m zoo.readme`", file=sys.stderr)
+        print(f"out of date: {', '.join(stale)}: run `python -m zoo.tools.readme`", file=sys.stderr)
         return 1
     return 0
 

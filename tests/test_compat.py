@@ -1,0 +1,29 @@
+"""Checkpoints written before the library redesign (``tests/fixtures/old-checkpoint``, made by the code at commit
+7964690: no ``tokenizer.json``, config written by the old ``save_checkpoint``) load strictly and score to the
+numbers that code computed (recorded beside it). The bundled models are checked against their cards elsewhere
+(``test_cards_bundle.py``); the training checkpoints of runs in progress resume (``test_train.py``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import zoo
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def test_old_checkpoint_loads_and_scores_the_same_numbers():
+    recorded = json.loads((FIXTURES / "old-checkpoint-scores.json").read_text())
+    model = zoo.load(FIXTURES / "old-checkpoint")
+    assert not (FIXTURES / "old-checkpoint" / "tokenizer.json").exists()  # written before tokenizer.json existed
+    rep = model.score(recorded["texts"])
+    assert [t["nll"] for t in rep.texts] == recorded["nll"]
+    assert [t["ppl"] for t in rep.texts] == recorded["ppl"]
+
+
+def test_old_checkpoint_saved_again_gains_a_tokenizer_json(tmp_path):
+    model = zoo.load(FIXTURES / "old-checkpoint")
+    out = model.save_pretrained(tmp_path / "again")
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]["<eos>"] == model.tokenizer.eos_id
+    assert zoo.load(out).score("the cat sat")[0]["nll"] == model.score("the cat sat")[0]["nll"]

@@ -1,0 +1,163 @@
+"""The package's shape: no import cycle anywhere in ``zoo``, the library never imports the checkout tooling, and
+the CLI treats only the zoo's own errors as user errors.
+
+The import graph is built from the source with :mod:`ast`, function-local imports included: a cycle hidden
+inside a function is still a cycle (it is how ``python -m zoo.cli bundle`` once got a second ``UsageError``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "zoo"
+
+
+def module_names() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``module -> modules of the zoo it imports`` (any ``import``/``from ... import`` anywhere in the file)."""
+    mods = module_names()
+
+    def owner(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                # "from zoo.x import y" imports zoo.x.y when y is a module, else zoo.x
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for t in targets:
+                if t == "zoo" or t.startswith("zoo."):
+                    o = owner(t)
+                    if o and o != mod:
+                        graph[mod].add(o)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path ``[a, b, ..., a]``, or ``None``."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_graph_builder_sees_function_local_imports_and_cycles():
+    """The checker itself: a cycle through a function-local import is found (so the next test can fail)."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    graph = import_graph()
+    assert "zoo.errors" in graph["zoo.cli"]          # a top-level import
+    assert "zoo.models._compiled" in graph["zoo.cli"]  # an import inside a function
+
+
+def test_no_import_cycle_in_zoo():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_library_never_imports_checkout_tooling():
+    graph = import_graph()
+    bad = {m: sorted(t for t in ts if t.startswith("zoo.tools")) for m, ts in graph.items()
+           if not m.startswith("zoo.tools")}
+    assert not {m: ts for m, ts in bad.items() if ts}
+
+
+def test_library_holds_no_repository_relative_path():
+    """Outside zoo.tools, nothing resolves a path above the package (the repository's folders)."""
+    offenders = []
+    for mod, path in module_names().items():
+        if mod.startswith("zoo.tools"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        for needle in ("parent.parent.parent", "parents[2]", "parents[3]", '"shared"', '"model_cards"', '"serving"'):
+            if needle in text:
+                offenders.append(f"{mod}: {needle}")
+    assert not offenders
+
+
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "ZOO_DEBUG"}
+    return subprocess.run([sys.executable, "-m", "zoo.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**base, **env}, timeout=120)
+
+
+def test_cli_user_error_is_one_line_exit_2_even_under_dash_m(tmp_path):
+    """``python -m zoo.cli bundle`` on a folder that is not a run: the bug of the import cycle (a second
+    ``UsageError`` class under ``-m``) printed a traceback and exited 1."""
+    res = _cli("bundle", str(tmp_path / "missing-run"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("zoo: error:")
+
+
+def test_zoo_debug_shows_the_traceback_of_a_user_error(tmp_path):
+    res = _cli("bundle", str(tmp_path / "missing-run"), ZOO_DEBUG="1")
+    assert res.returncode == 1 and "Traceback" in res.stderr
+
+
+def test_a_bug_is_not_disguised_as_a_user_error(capsys, monkeypatch):
+    """An exception that is not a ZooError (here a ValueError from inside the library) keeps its traceback."""
+    from zoo import cli
+
+    def broken(args):
+        raise ValueError("a bug inside the library")
+
+    parser = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser(), broken))
+    with pytest.raises(ValueError, match="a bug inside the library"):
+        cli.main(["list"])
+
+
+def _with_func(parser, func):
+    parser.subparsers.choices["list"].set_defaults(func=func)
+    return parser
+
+
+def test_checkout_commands_come_from_the_entry_point():
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group="alstm_zoo.commands")}
+    assert eps.get("checkout") == "zoo.tools.commands:add"
+    res = _cli("--help")
+    assert res.returncode == 0 and all(c in res.stdout for c in ("serve", "bundle", "publish", "download"))

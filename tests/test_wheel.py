@@ -1,0 +1,109 @@
+"""The wheel is the library: small, no weights, no checkout tooling, and it installs beside a torch the user
+already has. A plain install then loads a catalogue model from the Hub (here olah on 127.0.0.1), verified
+against the catalogue's sha256 pins, and scores it to the same numbers as the checkout's bundled copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.olah_fixture import OLAH_CLI, Olah, make_mirror
+
+REPO = Path(__file__).resolve().parent.parent
+MAX_WHEEL_BYTES = 5_000_000
+TEXT = "the company said its profit rose in the third quarter"
+
+
+def _source_copy(dest: Path) -> Path:
+    """The tracked tree (weights included, as in the repository) hard-linked into ``dest``: building from a
+    copy keeps setuptools' build folders out of the checkout, and shows the weights are left out by design."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    for rel in filter(None, (f.decode() for f in files)):
+        src, dst = REPO / rel, dest / rel
+        if src.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.link(src, dst)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = _source_copy(tmp / "src")
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (whl,) = (tmp / "dist").glob("alstm_zoo-*.whl")
+    return whl
+
+
+@pytest.mark.slow
+def test_wheel_holds_the_library_only(wheel):
+    assert wheel.stat().st_size < MAX_WHEEL_BYTES
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith(("zoo/pretrained/", "zoo/tools/"))]
+    assert not [n for n in names if n.endswith((".safetensors", ".png"))]
+    assert {"zoo/__init__.py", "zoo/catalog.json", "zoo/cli.py", "zoo/recipes/alstm-ptb-5m-light.toml",
+            "zoo/models/csrc/alstm_infer.cpp"} <= set(names)
+    meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
+    assert "Requires-Dist: torch>=2.4" in meta and "torch==" not in meta
+
+
+@pytest.mark.slow
+def test_plain_install_beside_existing_torch_loads_from_the_hub(wheel, tmp_path):
+    if not OLAH_CLI.exists():
+        pytest.skip(".venv-olah is absent (create it with `make olah`)")
+    cat = json.loads((REPO / "zoo" / "catalog.json").read_text())
+    name = cat["default"]
+    entry = cat["models"][name]
+    bundled = REPO / "zoo" / "pretrained" / name
+    files = {f: (bundled / f).read_bytes() for f in entry["files"]}
+    make_mirror(tmp_path / "mirrors", entry["repo_id"], files, tag=entry["revision"])
+    server = Olah(tmp_path, tmp_path / "mirrors")
+    try:
+        # a fresh venv that reuses this interpreter's torch (and the other dependencies) through a path entry,
+        # without this checkout's editable install (a plain path entry does not run its .pth files)
+        venv = tmp_path / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        py = venv / "bin" / "python"
+        site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        Path(site, "reuse_torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
+                              "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ZOO_", "HF_"))}
+        env.update(HF_ENDPOINT=server.endpoint, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HUB_DISABLE_TELEMETRY="1",
+                   HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONPATH="")
+        outside = tmp_path / "elsewhere"
+        outside.mkdir()
+        script = (f"import json, zoo; m = zoo.load({name!r}); "
+                  "print(json.dumps({'file': zoo.__file__, 'source': m.source, 'pinned': m.pinned, "
+                  f"'ppl': m.score({TEXT!r})[0]['ppl']}}))")
+        res = subprocess.run([str(py), "-c", script], capture_output=True, text=True, cwd=outside, env=env,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        assert got["file"].startswith(site) and got["source"] == "hub download" and got["pinned"]
+        import zoo
+
+        assert got["ppl"] == zoo.load(name).score(TEXT)[0]["ppl"]
+        # the command line of a plain install: the library's commands work, the checkout's say where they live
+        zoo_bin = str(venv / "bin" / "zoo")
+        res = subprocess.run([zoo_bin, "score", name, "--text", TEXT], capture_output=True, text=True, cwd=outside,
+                             env=env, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        res = subprocess.run([zoo_bin, "serve", "start"], capture_output=True, text=True, cwd=outside, env=env,
+                             timeout=120)
+        assert res.returncode == 2 and "checkout tooling" in res.stderr and "Traceback" not in res.stderr
+    finally:
+        server.stop()
+        shutil.rmtree(tmp_path / "venv", ignore_errors=True)

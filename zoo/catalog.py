@@ -1,0 +1,124 @@
+"""The catalogue of pretrained models (``zoo/catalog.json``): names, Hub coordinates and sha256 pins.
+
+For every pretrained name the catalogue pins a Hub repository, a revision (a release tag such as ``v1.0``) and
+the sha256 and size of every file; whatever a download delivers must match. A checkout also carries bundled
+copies of the catalogue's models in ``pretrained/`` beside the catalogue file (the wheel does not: a plain
+install fetches them from the Hub, see :mod:`zoo.hub`). ``$ZOO_CATALOG`` points at another catalogue (its
+bundled copies in ``pretrained/`` beside it, or in ``$ZOO_PRETRAINED_DIR``), e.g. for tests or a private
+registry. Writing the catalogue is checkout tooling (``zoo.tools.bundle``); this module only reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from zoo.checkpoint import REQUIRED_FILES as CHECKPOINT_FILES  # noqa: F401 (used by zoo.hub)
+from zoo.errors import HubError, ModelNotFoundError
+
+CATALOG_FILE = Path(__file__).resolve().parent / "catalog.json"
+#: The revision a catalogue entry without one is published under.
+DEFAULT_REVISION = "v1.0"
+
+
+def catalog_path() -> Path:
+    """``$ZOO_CATALOG`` when set, else the packaged ``zoo/catalog.json``."""
+    return Path(os.environ.get("ZOO_CATALOG") or CATALOG_FILE)
+
+
+def bundled_dir() -> Path:
+    """Where bundled copies live: ``$ZOO_PRETRAINED_DIR``, else ``pretrained/`` beside the catalogue.
+
+    In a checkout that is ``zoo/pretrained/``; a wheel ships no weights, so there the folder does not exist and
+    every catalogue name resolves through the Hub.
+    """
+    env = os.environ.get("ZOO_PRETRAINED_DIR")
+    return Path(env) if env else catalog_path().parent / "pretrained"
+
+
+@lru_cache(maxsize=4)
+def _catalog_cached(path: str, mtime_ns: int) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def catalog() -> dict[str, Any]:
+    """The catalogue of pretrained models (``zoo/catalog.json`` or ``$ZOO_CATALOG``)."""
+    path = catalog_path()
+    if not path.is_file():
+        return {"default": None, "models": {}}
+    return _catalog_cached(str(path), path.stat().st_mtime_ns)
+
+
+def canonical_name(name: str) -> str:
+    """Resolve the ``default`` alias to a catalogue name."""
+    cat = catalog()
+    if name == "default":
+        if not cat.get("default"):
+            raise ModelNotFoundError("no default model is configured in the catalogue")
+        return cat["default"]
+    return name
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Release:
+    """A Hub release: repository, revision and, for catalogue entries, the sha256 and size of every file.
+
+    ``files`` is empty for a repo loaded by ``hf-hub:ORG/NAME`` that the catalogue does not pin: such a
+    release is ``pinned = False`` and ``zoo info`` says so.
+    """
+
+    name: str
+    repo_id: str
+    revision: str
+    files: dict[str, dict[str, Any]]
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.files)
+
+
+def unknown_model(name: str) -> ModelNotFoundError:
+    models = catalog().get("models", {})
+    known = ", ".join(sorted(models)) or "none"
+    return ModelNotFoundError(f"unknown model {name!r}: not a checkpoint directory, not in the catalogue "
+                              f"(known: {known}; see `zoo list`) and not an hf-hub:ORG/NAME repo")
+
+
+def release(name: str, revision: str | None = None) -> Release:
+    """The pinned release of a catalogue name (``default`` allowed)."""
+    name = canonical_name(name)
+    models = catalog().get("models", {})
+    if name not in models:
+        raise unknown_model(name)
+    entry = models[name]
+    if not entry.get("repo_id") or not entry.get("files"):
+        raise HubError(f"catalogue entry {name!r} has no Hub repo_id or file list (re-run `zoo bundle`)")
+    return Release(name, entry["repo_id"], revision or entry.get("revision") or DEFAULT_REVISION, entry["files"])
+
+
+def resolve_local(name_or_path: str | os.PathLike) -> tuple[Path, str]:
+    """A checkpoint directory for a path or a bundled catalogue name, and which source it is (no network)."""
+    path = Path(name_or_path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return path, "local path"
+    name = canonical_name(str(name_or_path))
+    if name not in catalog().get("models", {}):
+        raise unknown_model(str(name_or_path))
+    bundled = bundled_dir() / name
+    if bundled.is_dir():
+        return bundled, "bundled"
+    raise ModelNotFoundError(f"model {name!r} is in the catalogue but has no bundled copy; "
+                             f"fetch it with `zoo download {name}`")

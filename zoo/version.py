@@ -1,0 +1,3 @@
+"""The package version, in one place (``zoo.__version__``, ONNX producer metadata, Hub uploads)."""
+
+__version__ = "0.1.0"
