@@ -79,8 +79,10 @@ class ZooLM(LM):
 
     ``pretrained``: a catalogue name (``zoo list``) or a checkpoint directory; ``backend``: ``eager`` (default),
     ``torchscript``, ``onnx`` or ``onnx-int8`` (as :func:`zoo.load`); ``dtype``: ``float32`` (default) or
-    ``bfloat16`` (eager only); ``revision``: a Hub revision. The zoo runs on the CPU: the harness's CLI passes
-    ``--device`` (``cuda:0`` by default), which is accepted and ignored with a note.
+    ``bfloat16`` (eager only); ``revision``: a Hub revision; ``max_gen_toks``: the default generation length.
+    The zoo runs on the CPU: the harness's CLI always passes ``--device`` (``cuda:0`` by default), which is accepted
+    and ignored with a note. ``batch_size`` (``auto`` = 32) batches documents; it never changes a score (an RNN is
+    causal). ``trust_remote_code`` (added by the harness's flag of that name) is accepted and means nothing here.
     """
 
     def __init__(self, pretrained: str = "default", backend: str = "eager", dtype: str | None = None,
