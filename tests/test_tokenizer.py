@@ -140,3 +140,16 @@ def test_ptb_corpus_splits_encode_to_themselves(ptb):
         for line in corpus_files("ptb")[split].read_text().splitlines():
             enc = ptb.encode(line)
             assert enc.tokens == line.split() + ["<eos>"] and not enc.dropped, line
+
+
+def test_wikitext_corpus_splits_encode_to_themselves(wiki):
+    """The WikiText-2 validation and test splits encode to their own tokens, words the splitting rules would cut
+    included (``1,000th`` is one corpus token, not ``1 @,@ 000th``), so scoring the split's raw text counts exactly
+    the corpus's tokens (what an lm-evaluation-harness rolling task over the file relies on)."""
+    from zoo.data import corpus_files
+
+    for split in ("valid", "test"):
+        for line in corpus_files("wikitext-2")[split].read_text(encoding="utf-8").splitlines():
+            enc = wiki.encode(line)
+            assert enc.tokens == line.split() + ["<eos>"] and not enc.dropped, line
+    assert wiki.encode("his 1,000th game").tokens[:2] == ["his", "1,000th"]

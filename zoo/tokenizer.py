@@ -154,12 +154,23 @@ class Tokenizer:
         return [(tok, raw)]  # any other symbol (an emoji, a sign): a word the model does not know
 
     def _wikitext_pieces(self, line: str) -> list[tuple[str | None, str]]:
-        line = re.sub(r"(?<=\w)-(?=\w)", " @-@ ", line)
-        line = re.sub(r"(?<=\d),(?=\d)", " @,@ ", line)
-        line = re.sub(r"(?<=\d)\.(?=\d)", " @.@ ", line)
-        line = _WIKI_CLITIC.sub(r"\1 \2", line)
+        # A whitespace word the vocabulary knows stays whole before the splitting rules run: the corpus has a few
+        # such words the rules would split (``1,000th``), and its own text must encode to itself.
         out: list[tuple[str | None, str]] = []
-        for chunk in line.split():
+        for word in line.split():
+            if word in self.index:
+                out.append((word, word))
+            else:
+                out.extend(self._wikitext_word_pieces(word))
+        return out
+
+    def _wikitext_word_pieces(self, word: str) -> list[tuple[str | None, str]]:
+        word = re.sub(r"(?<=\w)-(?=\w)", " @-@ ", word)
+        word = re.sub(r"(?<=\d),(?=\d)", " @,@ ", word)
+        word = re.sub(r"(?<=\d)\.(?=\d)", " @.@ ", word)
+        word = _WIKI_CLITIC.sub(r"\1 \2", word)
+        out: list[tuple[str | None, str]] = []
+        for chunk in word.split():
             if chunk.startswith("@") and chunk.endswith("@") and len(chunk) == 3:
                 out.append((chunk, chunk[1]))
             elif chunk in self.index:
