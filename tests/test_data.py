@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from zoo.data import DataError, batchify, corpus_files, get_batch, load_corpus, resolve_data_dir
+from zoo.errors import UnknownDatasetError
 
 # (dataset, vocab, train, valid, test) from ../shared/data/README.md (tokens with one <eos> per line)
 COUNTS = [
@@ -44,7 +45,7 @@ def test_checkout_venv_points_the_library_at_the_checkout_data():
 def test_missing_data_names_the_expected_files(tmp_path):
     with pytest.raises(DataError, match=r"ptb/train\.txt.*ZOO_DATA_DIR"):
         corpus_files("ptb", tmp_path)
-    with pytest.raises(DataError, match="unknown dataset"):
+    with pytest.raises(UnknownDatasetError, match="unknown dataset 'imagenet'; registered: ptb"):
         corpus_files("imagenet", tmp_path)
 
 

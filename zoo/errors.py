@@ -24,6 +24,10 @@ class ConfigError(ZooError, ValueError):
     """A value a caller passed (an argument, a recipe field, a checkpoint's config) is out of range or unknown."""
 
 
+class WrongType(ConfigError, TypeError):
+    """An argument of the wrong type (``model.score(42)``); a ``TypeError`` too, as Python's own would be."""
+
+
 class InvalidRequest(ConfigError):
     """One request field is out of its schema (``zoo.service``): ``field`` names it, ``message`` says why.
 

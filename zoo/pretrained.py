@@ -20,7 +20,7 @@ from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import load_corpus, sentences
 from zoo.dynamic import DEFAULTS as DYNAMIC_DEFAULTS
 from zoo.dynamic import DynamicParams, dynamic_logprobs
-from zoo.errors import ConfigError, ModelNotFoundError  # noqa: F401 (re-exported)
+from zoo.errors import ConfigError, ModelNotFoundError, WrongType  # noqa: F401 (re-exported)
 from zoo.generation import SamplingParams, sample_ids, stream_text
 from zoo.lm import LanguageModel
 from zoo.precision import AutocastRunner
@@ -92,7 +92,7 @@ class ZooModel:
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise ConfigError("texts must be a str or a list of str")
+            raise WrongType("texts must be a str or a list of str")
         dyn = self._dynamic(dynamic)
         return score_texts(self.lm if dyn else self.runner, self.tokenizer, texts, return_tokens=return_tokens,
                            batch_size=batch_size, progress=progress, dynamic=dyn)

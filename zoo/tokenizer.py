@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zoo.data import EOS, UNK
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, WrongType
 
 NORMALIZATIONS = ("ptb", "wikitext", "ptb-char")
 
@@ -209,7 +209,7 @@ class Tokenizer:
     def encode(self, text: str, add_eos: bool = True) -> Encoding:
         """Tokens of ``text``: each line's symbols plus ``<eos>`` (the last one only if ``add_eos``)."""
         if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+            raise WrongType(f"text must be a str, got {type(text).__name__}")
         enc = Encoding(ids=[], tokens=[], num_chars=len(text))
         lines = text.split("\n")
         if len(lines) > 1 and lines[-1] == "":
