@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, WORDS, tiny_lm
+from zoo.data import resolve_data_dir
 from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs, gradient_stats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -215,4 +216,18 @@ def test_api_and_cli(tiny_checkpoint, tiny_data):
         bad = subprocess.run([*cli, flag, value], capture_output=True, text=True, cwd=REPO, env=env)
         assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(f"zoo: error: --dynamic: "
                                                                                       f"{field}"), bad.stderr
+
+
+@pytest.mark.skipif(not (resolve_data_dir() / "ptb" / "train.txt").is_file(), reason="needs the PTB data")
+def test_benchmark_quick(tmp_path):
+    out = tmp_path / "dynamic_eval.json"
+    run = subprocess.run([sys.executable, "benchmarks/dynamic_eval.py", "--quick", "--out", str(out)],
+                         capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert len(res["grid"]) == 2 and all(g["valid"]["num_tokens"] == 299 for g in res["grid"])
+    assert res["chosen"] == min(res["grid"], key=lambda g: g["valid"]["ppl"])["params"]
+    assert res["gradient_stats"]["split"] == "train" and res["speed"]["slowdown_median"] > 0
+    assert out.with_suffix(".md").read_text().startswith("Model `alstm-ptb-5m-light`")
 
