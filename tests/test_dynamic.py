@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import REPO, WORDS, tiny_lm
 from zoo.data import resolve_data_dir
-from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs, gradient_stats
+from zoo.dynamic import DEFAULTS, DynamicParams, GradStats, dynamic_logprobs, gradient_stats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -231,3 +231,11 @@ def test_benchmark_quick(tmp_path):
     assert res["gradient_stats"]["split"] == "train" and res["speed"]["slowdown_median"] > 0
     assert out.with_suffix(".md").read_text().startswith("Model `alstm-ptb-5m-light`")
 
+
+def test_defaults_are_the_benchmarks_validation_choice():
+    """``DEFAULTS`` is the point ``benchmarks/dynamic_eval.py`` chose: the lowest *validation* perplexity of its
+    grid (test measured for that point only)."""
+    res = json.loads((REPO / "benchmarks" / "results" / "dynamic_eval.json").read_text())
+    assert not res["meta"]["quick"] and not res["meta"]["tokens_limit"]
+    assert res["chosen"] == min(res["grid"], key=lambda g: g["valid"]["ppl"])["params"]
+    assert DynamicParams(**res["chosen"]) == DEFAULTS
