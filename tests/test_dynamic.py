@@ -1,9 +1,13 @@
-"""Dynamic evaluation (``zoo.dynamic``): each segment scored before the step that uses it, the trained weights
-restored afterwards (the same text scores the same twice), lr = 0 equals static scoring, adaptation helps on a
-text that repeats, and the API / CLI switches with their errors."""
+"""Dynamic evaluation (``zoo.dynamic``): each segment scored before the step that uses it (the scores of a prefix do
+not depend on what follows it), the trained weights and the gradient statistics restored / untouched afterwards (the
+same text scores the same twice), lr = 0 equals static scoring, the RMS rule's step is the documented formula, the
+statistics come from the training split, adaptation helps on a text that repeats, the API / CLI switches with their
+errors, and the benchmark's ``--quick`` run."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -11,61 +15,227 @@ import pytest
 import torch
 
 from tests.conftest import REPO, WORDS, tiny_lm
-from zoo.dynamic import DynamicParams, dynamic_logprobs
+from zoo.data import resolve_data_dir
+from zoo.dynamic import DEFAULTS, DynamicParams, GradStats, dynamic_logprobs, gradient_stats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+#: Small statistics settings for the tiny models (the defaults collect over 100k tokens).
+SMALL = {"stats_tokens": 400, "stats_batch": 4, "stats_bptt": 9}
 
 
 def _seq(n: int = 60, seed: int = 0) -> torch.Tensor:
     return torch.randint(2, len(WORDS), (n,), generator=torch.Generator().manual_seed(seed))
 
 
-def test_lr_zero_equals_static_scoring_and_weights_are_restored():
+def _stats(lm: torch.nn.Module, **kw) -> GradStats:
+    return gradient_stats(lm, _seq(600, seed=9), DynamicParams(**{**SMALL, **kw}))
+
+
+@pytest.fixture
+def tiny_data(tmp_path, monkeypatch):
+    """A PTB-style corpus over the tiny vocabulary (first-seen order = ``WORDS``), as ``$ZOO_DATA_DIR``."""
+    root = tmp_path / "data" / "ptb"
+    root.mkdir(parents=True)
+    words = " ".join(WORDS[1:])
+    gen = torch.Generator().manual_seed(1)
+    lines = ["", words] + [" ".join(WORDS[i] for i in torch.randint(2, len(WORDS), (12,), generator=gen).tolist())
+                           for _ in range(200)]
+    (root / "train.txt").write_text("\n".join(lines) + "\n")
+    for split in ("valid", "test"):
+        (root / f"{split}.txt").write_text("the cat sat\n")
+    monkeypatch.setenv("ZOO_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("rule", ["sgd", "rms"])
+def test_lr_zero_equals_static_scoring_and_weights_are_restored(rule):
     lm = tiny_lm("alstm", init_range=1.0).eval()
     seq = _seq()
+    stats = _stats(lm)
+    rms_before = [r.clone() for r in stats.rms]
     before = [p.detach().clone() for p in lm.parameters()]
-    static = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=7, lr=0.0))
+    static = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=7, lr=0.0, decay=0.0, rule=rule))
     with torch.no_grad():
         logits, _ = lm(seq[:-1][None])
     ref = torch.log_softmax(logits[0], -1).gather(1, seq[1:, None]).squeeze(1).double()
     torch.testing.assert_close(static, ref, rtol=1e-5, atol=1e-6)
-    adapted = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=7, lr=0.5, decay=0.01))
-    again = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=7, lr=0.5, decay=0.01))
+    p = DynamicParams(segment=7, lr=0.5 if rule == "sgd" else 0.05, decay=0.01, rule=rule, **SMALL)
+    adapted = dynamic_logprobs(lm, seq[:-1], seq[1:], p, stats=stats)
+    again = dynamic_logprobs(lm, seq[:-1], seq[1:], p, stats=stats)
     assert torch.equal(adapted, again), "scoring the same text twice gives the same numbers"
     assert all(torch.equal(a, b) for a, b in zip(before, lm.parameters(), strict=True))
-    # the first segment is scored before any step: identical to static there, different after
-    torch.testing.assert_close(adapted[:7], static[:7], rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(rms_before, stats.rms, strict=True)), "statistics are read-only"
+    # the first segment is scored before any step: static there (up to the no-grad vs grad kernels), different after
+    torch.testing.assert_close(adapted[:7], static[:7], rtol=1e-6, atol=1e-6)
     assert not torch.allclose(adapted[7:], static[7:])
+
+
+@pytest.mark.parametrize("rule", ["sgd", "rms"])
+def test_each_segment_is_scored_before_the_step_that_uses_it(rule):
+    """Cutting the text inside a segment changes no score before the cut: no token was scored by weights that had
+    seen it, or anything after it (a step taken before scoring its own segment would see the whole segment)."""
+    lm = tiny_lm("lstm", init_range=1.0).eval()
+    seq = _seq(50, seed=4)
+    stats = _stats(lm)
+    p = DynamicParams(segment=6, lr=0.5 if rule == "sgd" else 0.05, decay=0.02, rule=rule, **SMALL)
+    full = dynamic_logprobs(lm, seq[:-1], seq[1:], p, stats=stats)
+    for cut in (6 * 3 + 4, 6 * 5 + 1):
+        part = dynamic_logprobs(lm, seq[:cut], seq[1:cut + 1], p, stats=stats)
+        torch.testing.assert_close(part, full[:cut], rtol=0, atol=0)
+
+
+def test_rms_rule_is_the_documented_update():
+    """Three segments by hand: theta_1 = theta_0 - lr g_0 / (R + eps); theta_2 = theta_1 - lr g_1 / (R + eps)
+    + min(1, decay R / mean R) (theta_0 - theta_1); the third segment is scored with theta_2."""
+    lm = tiny_lm("alstm", init_range=1.0).eval()
+    seq = _seq(16, seed=5)
+    stats = _stats(lm)
+    p = DynamicParams(segment=5, lr=0.02, decay=0.3, eps=1e-3, **SMALL)
+    got = dynamic_logprobs(lm, seq[:-1], seq[1:], p, stats=stats)
+    ref = tiny_lm("alstm", init_range=1.0).eval()
+    params = list(ref.parameters())
+    theta0 = [q.detach().clone() for q in params]
+    mean_r = torch.cat([r.flatten() for r in stats.rms]).double().mean().item()
+    state, logps = ref.init_state(1), []
+    for k in range(3):
+        x, y = seq[5 * k:5 * k + 5][None], seq[5 * k + 1:5 * k + 6]
+        logits, state = ref(x, tuple(s.detach() for s in state))
+        lp = torch.log_softmax(logits[0], -1).gather(1, y[:, None]).squeeze(1)
+        logps.append(lp.detach().double())
+        grads = torch.autograd.grad(-lp.mean(), params, allow_unused=True)
+        with torch.no_grad():
+            for q, g, q0, r in zip(params, grads, theta0, stats.rms, strict=True):
+                new = q - p.lr * (g if g is not None else 0) / (r + p.eps) + (p.decay * r / mean_r).clamp(max=1) * (
+                    q0 - q)
+                q.copy_(new)
+    torch.testing.assert_close(got, torch.cat(logps), rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_stats_are_the_rms_of_training_gradients_and_change_nothing():
+    lm = tiny_lm("lstm", init_range=1.0).eval()
+    before = [q.detach().clone() for q in lm.parameters()]
+    train = _seq(41, seed=7)
+    st = gradient_stats(lm, train, DynamicParams(stats_tokens=40, stats_batch=2, stats_bptt=19))
+    assert st.num_tokens == 40 and st.key == (40, 2, 19)
+    assert all(torch.equal(a, b) for a, b in zip(before, lm.parameters(), strict=True))
+    # one mini-batch (2 columns of 20 tokens, 19 predictions each): R = |gradient of its mean NLL|
+    cols = train[:40].view(2, 20)
+    logits, _ = lm(cols[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), cols[:, 1:].reshape(-1))
+    grads = torch.autograd.grad(loss, list(lm.parameters()))
+    for r, g in zip(st.rms, grads, strict=True):
+        torch.testing.assert_close(r, g.abs(), rtol=1e-5, atol=1e-7)
 
 
 def test_adaptation_helps_on_a_text_that_repeats():
     lm = tiny_lm("lstm", init_range=1.0).eval()
     part = _seq(40, seed=3)
     seq = torch.cat([part, part, part])
-    static = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=5, lr=0.0))
-    dyn = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=5, lr=0.3))
+    static = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=5, lr=0.0, decay=0.0))
+    dyn = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=5, lr=0.3, decay=0.0, rule="sgd"))
     assert dyn[80:].sum() > static[80:].sum() + 1.0, "the third repetition should score better once adapted"
+    rms = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=5, lr=0.01, decay=0.0, **SMALL),
+                           stats=_stats(lm))
+    assert rms[80:].sum() > static[80:].sum() + 1.0
 
 
-@pytest.mark.parametrize("bad", [dict(segment=0), dict(lr=-1.0), dict(decay=2.0), dict(lr=float("nan"))])
+@pytest.mark.parametrize("bad", [dict(segment=0), dict(lr=-1.0), dict(decay=2.0), dict(lr=float("nan")),
+                                 dict(rule="adam"), dict(eps=0.0), dict(eps=-1e-3), dict(stats_tokens=0),
+                                 dict(stats_batch=2.5), dict(stats_tokens=100), dict(segment=True)])
 def test_bad_parameters_are_clear_errors(bad):
     with pytest.raises(ValueError):
         DynamicParams(**bad)
 
 
-def test_api_and_cli(tiny_checkpoint):
+def test_rms_without_or_with_wrong_statistics_is_a_clear_error():
+    lm = tiny_lm("lstm").eval()
+    seq = _seq(20)
+    with pytest.raises(ValueError, match="gradient statistics"):
+        dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(lr=0.01, **SMALL))
+    other = _stats(tiny_lm("alstm"))
+    with pytest.raises(ValueError, match="do not match"):
+        dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(lr=0.01, **SMALL), stats=other)
+    zero = GradStats(tuple(torch.zeros_like(q) for q in lm.parameters()), 0, (1, 1, 1))
+    with pytest.raises(ValueError, match="all zero"):
+        dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(lr=0.01, **SMALL), stats=zero)
+
+
+def test_model_statistics_come_from_its_training_split_and_are_cached(tiny_checkpoint, tiny_data):
+    import zoo
+    from zoo.data import load_corpus
+
+    model = zoo.load(str(tiny_checkpoint))
+    p = DynamicParams(**SMALL)
+    st = model.dynamic_stats(p)
+    ref = gradient_stats(model.lm, load_corpus("ptb").train, p)
+    assert all(torch.equal(a, b) for a, b in zip(st.rms, ref.rms, strict=True)), "from the training split"
+    assert model.dynamic_stats(p) is st, "cached"
+    assert model.dynamic_stats(DynamicParams(rule="sgd")) is None
+    with torch.no_grad():
+        next(model.lm.parameters()).add_(0.1)
+    assert model.dynamic_stats(p) is not st, "new weights, new statistics"
+
+
+def test_model_statistics_refuse_a_corpus_of_another_vocabulary(tiny_checkpoint, tmp_path, monkeypatch):
+    import zoo
+
+    root = tmp_path / "other" / "ptb"
+    root.mkdir(parents=True)
+    for split in ("train", "valid", "test"):
+        (root / f"{split}.txt").write_text("some other words entirely\n" * 50)
+    monkeypatch.setenv("ZOO_DATA_DIR", str(tmp_path / "other"))
+    model = zoo.load(str(tiny_checkpoint))
+    with pytest.raises(ValueError, match="vocabulary does not match"):
+        model.score("the cat", dynamic=DynamicParams(**SMALL))
+    assert model.score("the cat", dynamic=DynamicParams(rule="sgd"))[0]["num_tokens"] > 0
+
+
+def test_api_and_cli(tiny_checkpoint, tiny_data):
     import zoo
 
     model = zoo.load(str(tiny_checkpoint))
     text = "the cat sat on the mat\nthe cat sat on the mat"
     a = model.score(text, dynamic=True)[0]
-    b = model.score(text, dynamic=DynamicParams(lr=0.0))[0]
+    b = model.score(text, dynamic=DynamicParams(lr=0.0, decay=0.0))[0]
     assert a["num_tokens"] == b["num_tokens"] == model.score(text)[0]["num_tokens"]
     assert b["nll"] == pytest.approx(model.score(text)[0]["nll"], rel=1e-5)
+    assert model.score(text, dynamic=True)[0]["nll"] == a["nll"]
     with pytest.raises(ValueError, match="eager backend in fp32"):
         zoo.load(str(tiny_checkpoint), precision="bf16").score(text, dynamic=True)
     cli = [sys.executable, "-m", "zoo.cli", "score", str(tiny_checkpoint), "--text", text, "--json", "--dynamic"]
-    ok = subprocess.run(cli, capture_output=True, text=True, cwd=REPO)
+    env = {**os.environ, "ZOO_DATA_DIR": str(tiny_data)}
+    ok = subprocess.run(cli, capture_output=True, text=True, cwd=REPO, env=env)
     assert ok.returncode == 0, ok.stderr
-    bad = subprocess.run([*cli, "--dynamic-lr", "-1"], capture_output=True, text=True, cwd=REPO)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("zoo: error: --dynamic: lr")
+    assert json.loads(ok.stdout)["nll"] == pytest.approx(a["nll"], rel=1e-6)
+    sgd = subprocess.run([*cli, "--dynamic-rule", "sgd", "--dynamic-lr", "0.1"], capture_output=True, text=True,
+                         cwd=REPO, env=env)
+    assert sgd.returncode == 0, sgd.stderr
+    for flag, value, field in (("--dynamic-lr", "-1", "lr"), ("--dynamic-eps", "0", "eps"),
+                               ("--dynamic-stats-tokens", "0", "stats_tokens")):
+        bad = subprocess.run([*cli, flag, value], capture_output=True, text=True, cwd=REPO, env=env)
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(f"zoo: error: --dynamic: "
+                                                                                      f"{field}"), bad.stderr
+
+
+@pytest.mark.skipif(not (resolve_data_dir() / "ptb" / "train.txt").is_file(), reason="needs the PTB data")
+def test_benchmark_quick(tmp_path):
+    out = tmp_path / "dynamic_eval.json"
+    run = subprocess.run([sys.executable, "benchmarks/dynamic_eval.py", "--quick", "--out", str(out)],
+                         capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert len(res["grid"]) == 2 and all(g["valid"]["num_tokens"] == 299 for g in res["grid"])
+    assert res["chosen"] == min(res["grid"], key=lambda g: g["valid"]["ppl"])["params"]
+    assert res["gradient_stats"]["split"] == "train" and res["speed"]["slowdown_median"] > 0
+    assert out.with_suffix(".md").read_text().startswith("Model `alstm-ptb-5m-light`")
+
+
+def test_defaults_are_the_benchmarks_validation_choice():
+    """``DEFAULTS`` is the point ``benchmarks/dynamic_eval.py`` chose: the lowest *validation* perplexity of its
+    grid (test measured for that point only)."""
+    res = json.loads((REPO / "benchmarks" / "results" / "dynamic_eval.json").read_text())
+    assert not res["meta"]["quick"] and not res["meta"]["tokens_limit"]
+    assert res["chosen"] == min(res["grid"], key=lambda g: g["valid"]["ppl"])["params"]
+    assert DynamicParams(**res["chosen"]) == DEFAULTS

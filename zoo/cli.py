@@ -273,13 +273,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _dynamic_options(sp: argparse.ArgumentParser) -> None:
-    from zoo.dynamic import DEFAULTS
+    from zoo.dynamic import DEFAULTS, RULES
 
     sp.add_argument("--dynamic", action="store_true", help="dynamic evaluation: the weights adapt to the text "
                     "segment by segment, each segment scored before the step that uses it (zoo/dynamic.py)")
     sp.add_argument("--dynamic-segment", type=int, default=DEFAULTS.segment, help="tokens per update")
     sp.add_argument("--dynamic-lr", type=float, default=DEFAULTS.lr, help="step size")
     sp.add_argument("--dynamic-decay", type=float, default=DEFAULTS.decay, help="decay towards the trained weights")
+    sp.add_argument("--dynamic-rule", choices=RULES, default=DEFAULTS.rule,
+                    help="update rule: 'rms' divides the step by the RMS of the model's gradients on its training "
+                    "split (computed on first use: needs the dataset) and scales the decay by it; 'sgd' is plain")
+    sp.add_argument("--dynamic-eps", type=float, default=DEFAULTS.eps, help="epsilon of the 'rms' rule")
+    sp.add_argument("--dynamic-stats-tokens", type=int, default=DEFAULTS.stats_tokens,
+                    help="training tokens the 'rms' rule's gradient statistics are collected over")
 
 
 def _dynamic(args: argparse.Namespace):
@@ -288,7 +294,8 @@ def _dynamic(args: argparse.Namespace):
     if not args.dynamic:
         return False
     try:
-        return DynamicParams(segment=args.dynamic_segment, lr=args.dynamic_lr, decay=args.dynamic_decay)
+        return DynamicParams(segment=args.dynamic_segment, lr=args.dynamic_lr, decay=args.dynamic_decay,
+                             rule=args.dynamic_rule, eps=args.dynamic_eps, stats_tokens=args.dynamic_stats_tokens)
     except ValueError as e:
         raise UsageError(f"--dynamic: {e}") from None
 

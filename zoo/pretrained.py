@@ -8,6 +8,7 @@ repo. ``default`` is an alias for the catalogue's default model.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +18,9 @@ import torch
 
 from zoo.catalog import bundled_dir, canonical_name, catalog, catalog_path, resolve_local  # noqa: F401 (re-exported)
 from zoo.checkpoint import load_checkpoint, save_checkpoint
-from zoo.data import load_corpus, sentences
+from zoo.data import load_corpus, resolve_data_dir, sentences
 from zoo.dynamic import DEFAULTS as DYNAMIC_DEFAULTS
-from zoo.dynamic import DynamicParams, dynamic_logprobs
+from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs, gradient_stats
 from zoo.errors import ConfigError, ModelNotFoundError, WrongType  # noqa: F401 (re-exported)
 from zoo.generation import SamplingParams, sample_ids, stream_text
 from zoo.lm import LanguageModel
@@ -46,6 +47,7 @@ class ZooModel:
         self.runner = runner if runner is not None else self.lm
         self.backend = backend
         self.precision = "fp32"
+        self._dynamic_stats: dict[tuple, GradStats] = {}
 
     @property
     def pinned(self) -> bool:
@@ -94,15 +96,40 @@ class ZooModel:
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise WrongType("texts must be a str or a list of str")
         dyn = self._dynamic(dynamic)
+        stats = self.dynamic_stats(dyn, progress=progress) if dyn is not None else None
         return score_texts(self.lm if dyn else self.runner, self.tokenizer, texts, return_tokens=return_tokens,
-                           batch_size=batch_size, progress=progress, dynamic=dyn)
+                           batch_size=batch_size, progress=progress, dynamic=dyn, dynamic_stats=stats)
 
     def _dynamic(self, dynamic: bool | DynamicParams) -> DynamicParams | None:
         if dynamic is False or dynamic is None:
             return None
         if self.backend != "eager" or self.precision != "fp32":
             raise ConfigError("dynamic evaluation runs on the eager backend in fp32 (it takes gradient steps)")
+        if dynamic is not True and not isinstance(dynamic, DynamicParams):
+            raise WrongType("dynamic must be a bool or a zoo.dynamic.DynamicParams")
         return DYNAMIC_DEFAULTS if dynamic is True else dynamic
+
+    def dynamic_stats(self, params: DynamicParams = DYNAMIC_DEFAULTS, data_dir: str | os.PathLike | None = None,
+                      progress: bool = False) -> GradStats | None:
+        """The gradient statistics the RMS rule of dynamic evaluation needs (:func:`zoo.dynamic.gradient_stats`),
+        from this model's *own training split* (its config's dataset; the text being scored never enters them),
+        computed on first use and cached on this object for these weights, this data folder and
+        ``params.stats_key()`` (a change of the weights, e.g. fine-tuning, recomputes them). ``None`` when ``params``
+        needs none (``rule="sgd"``)."""
+        if not params.needs_stats:
+            return None
+        key = (params.stats_key(), str(resolve_data_dir(data_dir)), _weights_fingerprint(self.lm))
+        if key not in self._dynamic_stats:
+            dataset = self.config.get("dataset")
+            if not dataset:
+                raise ConfigError("dynamic evaluation with rule 'rms' needs the model's training split, and this "
+                                 "checkpoint does not say its dataset (use rule='sgd')")
+            corpus = load_corpus(dataset, data_dir)
+            if corpus.vocab != self.tokenizer.vocab:
+                raise ConfigError(f"dynamic evaluation with rule 'rms' needs the model's training split: the "
+                                 f"{dataset} vocabulary does not match the model's (use rule='sgd')")
+            self._dynamic_stats = {key: gradient_stats(self.lm, corpus.train, params, progress=progress)}
+        return self._dynamic_stats[key]
 
     def stream(self, prompt: str = "", **sampling: Any) -> Iterator[str]:
         """Yield generated text piece by piece (keywords of :class:`SamplingParams`)."""
@@ -144,9 +171,10 @@ class ZooModel:
         if dyn is not None:
             if proto["mode"] == "sentences":
                 raise ConfigError("dynamic evaluation scores one stream; this model was trained on single sentences")
+            stats = self.dynamic_stats(dyn, data_dir, progress=progress)
             stream = corpus.split(split)
             lp = dynamic_logprobs(self.lm, stream[:-1], stream[1:], dyn, progress=progress,
-                                  desc=f"{dataset}/{split} (dynamic)")
+                                  desc=f"{dataset}/{split} (dynamic)", stats=stats)
             res = summarize(float(-lp.sum()), lp.numel(), 0)
             res.pop("bits_per_input_char")
             res.update(batch_size=1, dynamic=dyn.to_dict())
@@ -163,6 +191,14 @@ class ZooModel:
     def __repr__(self) -> str:
         return (f"ZooModel(name={self.name!r}, architecture={self.lm.architecture!r}, "
                 f"params={self.num_parameters:,}, source={self.source!r}, backend={self.backend!r})")
+
+
+def _weights_fingerprint(lm: torch.nn.Module) -> str:
+    """A digest of the weights' bytes (tens of ms for the bundled models): cached statistics follow the weights."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in lm.parameters():
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def load(name_or_path: str | os.PathLike, backend: str = "eager", precision: str = "fp32", **kwargs: Any) -> ZooModel:

@@ -29,7 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from zoo.data import PAD_TARGET, batchify, pad_batch
-from zoo.dynamic import DynamicParams, dynamic_logprobs
+from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs
 from zoo.tokenizer import Tokenizer
 
 LN2 = math.log(2.0)
@@ -106,10 +106,12 @@ def token_logprobs(runner: Runner, sequences: list[list[int]], bos_id: int, voca
 
 
 def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, return_tokens: bool = False,
-                batch_size: int = 16, progress: bool = False, dynamic: DynamicParams | None = None) -> ScoreReport:
+                batch_size: int = 16, progress: bool = False, dynamic: DynamicParams | None = None,
+                dynamic_stats: GradStats | None = None) -> ScoreReport:
     """Score raw texts; see the module docstring for exactly what is counted. With ``dynamic``, each text is
     scored by dynamic evaluation (:mod:`zoo.dynamic`: the weights adapt within the text and are restored after
-    it), one text at a time; ``runner`` must then be the eager model."""
+    it), one text at a time; ``runner`` must then be the eager model, and ``dynamic_stats`` its gradient
+    statistics when the rule needs them (``rule="rms"``)."""
     encs = [tokenizer.encode(t) for t in texts]
     logps: list[Tensor | None] = [None] * len(encs)
     if dynamic is not None:
@@ -118,7 +120,7 @@ def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
         for i, enc in enumerate(tqdm(encs, desc="scoring", unit="text", disable=not progress or len(encs) < 2)):
             ids = torch.tensor(enc.ids, dtype=torch.long)
             inputs = torch.cat([ids.new_tensor([tokenizer.eos_id]), ids[:-1]])
-            logps[i] = dynamic_logprobs(runner, inputs, ids, dynamic)
+            logps[i] = dynamic_logprobs(runner, inputs, ids, dynamic, stats=dynamic_stats)
     order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids)) if dynamic is None else []
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for idx in tqdm(batches, desc="scoring", unit="batch", disable=not progress or len(batches) < 2):
