@@ -42,7 +42,7 @@ import zoo  # noqa: E402
 from zoo.adaptation import AdaptationTrace, trace_text  # noqa: E402
 from zoo.catalog import bundled_dir, catalog  # noqa: E402
 from zoo.checkpoint import CheckpointError, read_config  # noqa: E402
-from zoo.errors import InvalidRequest  # noqa: E402
+from zoo.errors import InvalidRequest, ZooError  # noqa: E402
 from zoo.pretrained import ZooModel  # noqa: E402
 from zoo.registry import ARCHITECTURES  # noqa: E402
 from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request  # noqa: E402
@@ -94,7 +94,8 @@ CSS = """
 #: What the demo accepts: the same schema and messages as the HTTP server and the CLI, narrowed to the sliders'
 #: ranges; an over-long text is cut with a warning rather than refused (a pasted article is still worth scoring).
 LIMITS = Limits(max_texts=1, max_chars=MAX_CHARS, max_total_chars=MAX_CHARS, max_prompt_chars=MAX_PROMPT_CHARS,
-                max_new_tokens=MAX_NEW_TOKENS, max_temperature=MAX_TEMPERATURE, max_top_k=MAX_TOP_K, truncate=True)
+                max_new_tokens=MAX_NEW_TOKENS, max_temperature=MAX_TEMPERATURE, max_top_k=MAX_TOP_K, truncate=True,
+                allow_dynamic=True)
 
 
 def parse(payload: dict[str, Any]) -> ScoreRequest | GenerateRequest:
@@ -309,8 +310,10 @@ def heatmap_html(tokens: list[str], values: list[float], *, is_char: bool, vmax:
     return f'<div class="zoo-heat {kind} {elem_class}">{legend}<div class="zoo-text">{"".join(parts)}</div></div>'
 
 
-def _score_one(model: ZooModel, text: str) -> dict[str, Any]:
-    reply = Service(model, LIMITS).score([ScoreRequest((text,), return_tokens=True)])[0]
+def _score_one(model: ZooModel, text: str, dynamic: bool = False) -> dict[str, Any]:
+    reply = Service(model, LIMITS).score([ScoreRequest((text,), return_tokens=True, dynamic=dynamic)])[0]
+    if isinstance(reply, ZooError):  # e.g. dynamic evaluation without the model's training data
+        raise gr.Error(f"{model.name}: {reply}")
     if isinstance(reply, Exception):  # a bug, not the input: the service core logged it
         raise gr.Error(f"Scoring failed with {model.name}; the server log has the details.")
     res = reply["texts"][0]
@@ -362,15 +365,18 @@ def _summary_md(results: list[dict[str, Any]], diff: list[float] | None, notice:
 def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
     """The four endpoint functions, closed over one registry (tests build their own)."""
 
-    def score(text: str, model: str, compare: str | None = None) -> tuple[dict[str, Any], str, str]:
-        """Score ``text`` with ``model`` (and ``compare``): report, summary table, highlighted text."""
+    def score(text: str, model: str, compare: str | None = None,
+              dynamic: bool = False) -> tuple[dict[str, Any], str, str]:
+        """Score ``text`` with ``model`` (and ``compare``): report, summary table, highlighted text. ``dynamic``:
+        dynamic evaluation (the weights adapt to the text as it is read; :mod:`zoo.dynamic`)."""
         text, notice = clean_text(text)
+        dynamic = parse({"text": text, "dynamic": dynamic}).dynamic  # the schema checks the flag
         if notice:
             gr.Warning(notice)
         names = [registry.check(model)]
         if compare not in (None, "", NONE_CHOICE):
             names.append(registry.check(compare))
-        results = [_score_one(registry.get(n), text) for n in names]
+        results = [_score_one(registry.get(n), text, dynamic) for n in names]
         vmax = max(max(r["surprisal_bits"]) for r in results)
         vmax = max(1.0, math.ceil(vmax))
         blocks, diff, diff_note = [], None, ""
@@ -510,12 +516,18 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
                                           elem_id="score-model")
                     s_cmp = gr.Dropdown([NONE_CHOICE] + names, value=NONE_CHOICE, label="Compare with",
                                         allow_custom_value=True, elem_id="score-compare")
+                s_dyn = gr.Checkbox(value=False, label="dynamic evaluation: the weights adapt to the text as it "
+                                    "is read (each segment scored before the step that learns from it; ~8x "
+                                    "slower; the first use collects gradient statistics from the training split, "
+                                    "~1 min)",
+                                    elem_id="score-dynamic")
                 s_btn = gr.Button("Score", variant="primary", elem_id="score-btn")
                 s_sum = gr.Markdown(elem_id="score-summary")
                 s_html = gr.HTML(elem_id="score-heatmap")
                 with gr.Accordion("Raw report (JSON)", open=False):
                     s_json = gr.JSON(label="report")
-                s_btn.click(h["score"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html], api_name="score", **cpu)
+                s_btn.click(h["score"], [s_text, s_model, s_cmp, s_dyn], [s_json, s_sum, s_html], api_name="score",
+                            **cpu)
 
             with gr.Tab("Generate", id="generate"):
                 g_prompt = gr.Textbox(label="Prompt", lines=2, value="the stock market", elem_id="gen-prompt")

@@ -407,3 +407,14 @@ def test_unknown_api_endpoint_is_404_and_the_app_stays_up(served):
         assert "/score" in json.loads(info.value.read())["detail"]
     report, _, _ = client.predict("the cat", "tiny-alstm", app.NONE_CHOICE, api_name="/score")
     assert report["models"][0]["num_tokens"] == 3
+
+
+def test_dynamic_option_without_training_data_is_a_readable_error(served):
+    """The Score tab's dynamic-evaluation box goes through the service core; a model whose training split is not
+    in the data dir (these tiny models' vocabulary is not PTB's) gets a one-line error naming the model, and the
+    app stays up (the core's positive path: tests/test_service.py)."""
+    client, _, _ = served
+    with pytest.raises(Exception, match="tiny-alstm: dynamic evaluation with rule 'rms' needs the model's training"):
+        client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, True, api_name="/score")
+    report, _, _ = client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, False, api_name="/score")
+    assert report["models"][0]["num_tokens"] > 0

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from zoo.errors import InvalidRequest
+from zoo.errors import InvalidRequest, ZooError
 from zoo.generation import SamplingParams
 from zoo.pretrained import ZooModel
 from zoo.service import (
@@ -22,6 +22,7 @@ from zoo.service import (
     error_body,
     parse_body,
     parse_request,
+    parse_score,
     to_json,
 )
 
@@ -285,3 +286,51 @@ def test_cli_limits_have_no_size_caps_but_the_same_types():
     assert len(req.texts) == 100
     with pytest.raises(InvalidRequest, match="surrogate"):
         parse_request({"texts": ["\udcff"]}, CLI_LIMITS)
+
+
+# -- dynamic evaluation through the core ------------------------------------------------------------------------
+def _tiny_corpus_model(root):
+    """A tiny model whose vocabulary is that of a tiny PTB-format corpus in ``root`` (its own training split)."""
+    import random
+
+    import torch
+
+    from zoo.data import load_corpus
+    from zoo.lm import LanguageModel
+    from zoo.pretrained import ZooModel
+    from zoo.tokenizer import Tokenizer
+
+    words = "the cat sat on a mat dog ran far and N".split()
+    rng = random.Random(0)
+    (root / "ptb").mkdir(parents=True)
+    for split, n in (("train", 400), ("valid", 20), ("test", 20)):
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(n)]
+        (root / "ptb" / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    corpus = load_corpus("ptb", root)
+    torch.manual_seed(0)
+    lm = LanguageModel(len(corpus.vocab), "lstm", {"hidden_size": 8, "num_layers": 1}, emb_size=8)
+    return ZooModel(lm, Tokenizer(corpus.vocab, "ptb"), {"name": "tiny", "dataset": "ptb"})
+
+
+def test_dynamic_scoring_is_opt_in_and_runs_through_the_core(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZOO_DATA_DIR", str(tmp_path))
+    model = _tiny_corpus_model(tmp_path)
+    with pytest.raises(InvalidRequest, match="dynamic evaluation is not enabled here"):
+        parse_score({"text": "the cat sat", "dynamic": True})  # the server's default limits
+    with pytest.raises(InvalidRequest, match="dynamic must be"):
+        parse_score({"text": "the cat sat", "dynamic": "yes"}, Limits(allow_dynamic=True))
+    text = "the cat sat on a mat and the dog ran far " * 6
+    req = parse_score({"text": text, "dynamic": True}, Limits(allow_dynamic=True))
+    service = Service(model, Limits(allow_dynamic=True))
+    static, dyn, again = (service.score([r])[0] for r in (ScoreRequest((text,)), req, req))
+    assert dyn["texts"][0]["nll"] != static["texts"][0]["nll"]       # the weights adapted
+    assert dyn["texts"][0]["nll"] == again["texts"][0]["nll"]        # and were restored
+    # in a batch with plain requests each is answered as if alone
+    mixed = service.score([ScoreRequest((text,)), req])
+    assert mixed[0]["texts"][0]["nll"] == pytest.approx(static["texts"][0]["nll"], rel=1e-6)
+    assert mixed[1]["texts"][0]["nll"] == dyn["texts"][0]["nll"]
+    # without the model's training data the request fails alone, with a user error (not a bug)
+    monkeypatch.setenv("ZOO_DATA_DIR", str(tmp_path / "nowhere"))
+    other = _tiny_corpus_model(tmp_path / "b")
+    (reply,) = Service(other, Limits(allow_dynamic=True)).score([req])
+    assert isinstance(reply, ZooError) and "not found" in str(reply)

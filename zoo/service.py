@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from zoo.errors import InvalidRequest
+from zoo.errors import InvalidRequest, ZooError
 from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
 from zoo.scoring import aggregate
 from zoo.validate import as_bool, as_int, check_text, surrogate_position
@@ -43,7 +43,9 @@ SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "s
 class Limits:
     """What one deployment accepts. The defaults are the HTTP server's; the demo narrows them to its sliders.
 
-    ``truncate``: cut an over-long text to ``max_chars`` with a warning instead of refusing it.
+    ``truncate``: cut an over-long text to ``max_chars`` with a warning instead of refusing it. ``allow_dynamic``:
+    accept ``"dynamic": true`` (dynamic evaluation, :mod:`zoo.dynamic`: ~8x the time of a plain score and a
+    one-time pass over the model's training split); off on the server by default, on in the demo.
     """
 
     max_texts: int = 64
@@ -54,6 +56,7 @@ class Limits:
     max_temperature: float = MAX_TEMPERATURE
     max_top_k: int | None = None
     truncate: bool = False
+    allow_dynamic: bool = False
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> Limits:
@@ -85,6 +88,7 @@ class ScoreRequest:
     texts: tuple[str, ...]
     return_tokens: bool = False
     warnings: tuple[str, ...] = ()
+    dynamic: bool = False
     task: str = field(default="score", init=False)
 
 
@@ -148,8 +152,11 @@ def parse_score(payload: Mapping[str, Any], limits: Limits = Limits()) -> ScoreR
     if total > limits.max_total_chars:
         raise InvalidRequest("texts", f"has {total:,} characters in all; the limit is {limits.max_total_chars:,} "
                                       "per request")
+    dynamic = as_bool(payload.get("dynamic", False), "dynamic")
+    if dynamic and not limits.allow_dynamic:
+        raise InvalidRequest("dynamic", "evaluation is not enabled here (it takes gradient steps: ~8x the time)")
     return ScoreRequest(tuple(texts), as_bool(payload.get("return_tokens", False), "return_tokens"),
-                        tuple(warnings))
+                        tuple(warnings), dynamic)
 
 
 def parse_generate(payload: Mapping[str, Any], limits: Limits = Limits()) -> GenerateRequest:
@@ -248,9 +255,16 @@ class Service:
         to float tolerance); if it fails, each request is scored alone so the others are still answered."""
         if not requests:
             return []
+        if any(r.dynamic for r in requests) and len(requests) > 1:  # dynamic ones are scored apart from the rest
+            return [reply for r in requests for reply in self.score([r])]
         texts = [t for r in requests for t in r.texts]
         try:
-            report = self.model.score(texts, return_tokens=any(r.return_tokens for r in requests))
+            report = self.model.score(texts, return_tokens=any(r.return_tokens for r in requests),
+                                      dynamic=requests[0].dynamic)
+        except ZooError as e:  # the caller's own problem (e.g. no training data for the statistics): its 4xx
+            if len(requests) == 1:
+                return [e]
+            return [reply for r in requests for reply in self.score([r])]
         except Exception:
             if len(requests) == 1:
                 log.exception("scoring failed")

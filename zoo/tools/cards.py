@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from zoo.datasets import get_dataset
@@ -321,14 +322,25 @@ def short_device(device: str) -> str:
     return device
 
 
-def models_table_markdown(cat: dict[str, Any] | None = None) -> str:
-    """The README's table of pretrained models, generated from the catalogue (``zoo bundle --readme-table``)."""
+def dynamic_results(path: Path) -> dict[str, float]:
+    """``{model: test perplexity under dynamic evaluation}`` from ``benchmarks/results/dynamic_eval.json`` (the
+    file ``benchmarks/dynamic_eval.py`` writes; empty when it does not exist)."""
+    if not path.is_file():
+        return {}
+    res = json.loads(path.read_text())
+    return {res["meta"]["model"]: res["dynamic"]["test"]["ppl"]} if res.get("dynamic") else {}
+
+
+def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, float] | None = None) -> str:
+    """The README's table of pretrained models, generated from the catalogue (``zoo bundle --readme-table``).
+    ``dynamic``: test perplexities under dynamic evaluation (:func:`dynamic_results`), a column of their own."""
     if cat is None:
         from zoo.pretrained import catalog
 
         cat = catalog()
-    lines = ["| name | architecture | params | data | epochs | training time | valid | test | metric | "
-             "published reference |", "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+    dynamic = dynamic or {}
+    lines = ["| name | architecture | params | data | epochs | training time | valid | test | test, dynamic eval | "
+             "metric | published reference |", "|---|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
     for name, m in sorted(cat.get("models", {}).items()):
         met = m.get("metrics", {})
         tr = m.get("training", {})
@@ -343,5 +355,6 @@ def models_table_markdown(cat: dict[str, Any] | None = None) -> str:
         lines.append(f"| `{name}`{flag} | {m.get('architecture', '')} | {m.get('num_parameters', 0) / 1e6:.2f}M | "
                      f"{m.get('dataset', '')} | {tr.get('epochs', '')} | "
                      f"{format_duration(secs) if secs is not None else ''}{where} | {_fmt(met.get('valid'), digits)} | "
-                     f"{_fmt(met.get('test'), digits)} | {met.get('metric', '')} | {ref_txt} |")
+                     f"{_fmt(met.get('test'), digits)} | {_fmt(dynamic[name], digits) if name in dynamic else ''} | "
+                     f"{met.get('metric', '')} | {ref_txt} |")
     return "\n".join(lines) + "\n"

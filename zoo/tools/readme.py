@@ -36,13 +36,14 @@ BENCHMARKS = [
     ("backends.md", "Inference backends (eager vs TorchScript vs ONNX Runtime)"),
     ("quantization.md", "int8 ONNX quantisation"),
     ("serving.md", "TorchServe under load"),
+    ("dynamic_eval.md", "Dynamic evaluation: tuned on PTB validation, measured once on test"),
 ]
 
 
 def models_section(repo: Path = REPO) -> str:
-    from zoo.tools.cards import models_table_markdown
+    from zoo.tools.cards import dynamic_results, models_table_markdown
 
-    parts = [models_table_markdown().strip()]
+    parts = [models_table_markdown(dynamic=dynamic_results(repo / RESULTS / "dynamic_eval.json")).strip()]
     for tier in sorted((repo / "model_cards" / "tiers").glob("*.md")):  # written by `python -m zoo.tools.tiers`
         parts.append(f"{tier.read_text(encoding='utf-8').strip()}\n\n_Source: `model_cards/tiers/{tier.stem}.json`._")
     records = unbundled_runs_table(repo)
