@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from zoo.checkpoint import TOKENIZER_FILE
 from zoo.export.common import EXAMPLE_BATCH, StepModule, base_manifest, file_sha256, write_manifest
 from zoo.lm import LanguageModel
 
@@ -229,6 +230,11 @@ def export_onnx(model: Any, out_dir: Path, sha256: str, quantize: str | None = N
         graphs["sequence_int8"] = (seq_q, SEQUENCE_INT8_FILE)
     manifest["files"] = {kind: fname for kind, (_, fname) in graphs.items()}
     manifest["file_sha256"] = {fname: file_sha256(out_dir / fname) for _, fname in graphs.values()}
+    # what a deployment without torch or the zoo needs besides the graphs (exports/onnx_example.py uses them)
+    (out_dir / TOKENIZER_FILE).write_text(json.dumps(model.tokenizer.to_hf_json(), ensure_ascii=False),
+                                          encoding="utf-8")
+    manifest.update(tokenizer_file=TOKENIZER_FILE, eos_id=model.tokenizer.eos_id, unk_id=model.tokenizer.unk_id,
+                    normalization=model.tokenizer.normalization)
     manifest["io"] = {
         "sequence": {"inputs": ["tokens", *names], "outputs": ["logits", *map(out_name, names)]},
         "step": {"inputs": ["token", *names], "outputs": ["logits", *map(out_name, names)]},
