@@ -316,7 +316,8 @@ def test_dynamic_scoring_is_opt_in_and_runs_through_the_core(tmp_path, monkeypat
     monkeypatch.setenv("ZOO_DATA_DIR", str(tmp_path))
     model = _tiny_corpus_model(tmp_path)
     with pytest.raises(InvalidRequest, match="dynamic evaluation is not enabled here"):
-        parse_score({"text": "the cat sat", "dynamic": True})  # the server's default limits
+        parse_request({"text": "the cat sat", "dynamic": True})  # the server's default limits
+    assert parse_request({"text": "the cat sat", "dynamic": True}, Limits(allow_dynamic=True)).dynamic
     with pytest.raises(InvalidRequest, match="dynamic must be"):
         parse_score({"text": "the cat sat", "dynamic": "yes"}, Limits(allow_dynamic=True))
     text = "the cat sat on a mat and the dog ran far " * 6

@@ -33,7 +33,7 @@ from zoo.validate import as_bool, as_int, check_text, surrogate_position
 log = logging.getLogger(__name__)
 
 JSON_TYPE = "application/json"
-SCORE_FIELDS = ("task", "texts", "text", "return_tokens")
+SCORE_FIELDS = ("task", "texts", "text", "return_tokens", "dynamic")
 GENERATE_FIELDS = ("task", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_at_eos",
                    "allow_unk", "stream")
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_at_eos", "allow_unk")
