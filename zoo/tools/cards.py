@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import string
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,10 @@ def build_card(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config:
     return f"---\n{data.to_yaml()}\n---\n\n{body}"
 
 
+#: The card body's fixed text and the order of its sections; :func:`_body` computes what fills the ``${...}``.
+CARD_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
+
+
 def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *, repo_id: str,
           revision: str, license: str, figures: list[str], reference: dict[str, Any] | None,
           file_sizes: dict[str, int], comparisons: list[dict[str, Any]]) -> str:
@@ -166,19 +171,13 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     tok = config.get("tokenizer", {})
     metric = primary_metric(ev["dataset"])
     epochs = [r for r in log if "valid_ppl" in r and "epoch" in r]
-    parts: list[str] = []
-    add = parts.append
-
-    add(f"# {name}\n")
-    desc = recipe.get("description") or ""
     title = get_spec(arch).title
-    add(f"{'An' if title[0] in 'aeiouAEIL' else 'A'} {title} language model trained on {ds.title}, from the "
-        f"`{LIBRARY}` model zoo. {desc}".rstrip() + "\n")
+    f: dict[str, str] = {"name": name}
 
-    add("## Results\n")
-    add("Corpus-level results of the shipped weights on the standard splits (stateful evaluation, see "
-        "*Evaluation* below). Lower is better.\n")
-    header = "| | valid | test |\n|---|---:|---:|"
+    desc = recipe.get("description") or ""
+    f["intro"] = (f"{'An' if title[0] in 'aeiouAEIL' else 'A'} {title} language model trained on {ds.title}, from "
+                  f"the `{LIBRARY}` model zoo. {desc}").rstrip()
+
     rows = [f"| perplexity ({dtype} weights, as shipped) | {rel['valid']['ppl']:.3f} | {rel['test']['ppl']:.3f} |"]
     if ds.char_level:
         rows.append(f"| bits per character ({dtype}, as shipped) | {rel['valid']['bits_per_token']:.4f} | "
@@ -190,25 +189,21 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
         digits = 3 if unit == "bits_per_char" else 2   # the papers give bpc to 3 decimals
         rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | "
                     f"{_fmt(reference.get('valid'), digits)} | {_fmt(reference.get('test'), digits)} |")
-    add(header + "\n" + "\n".join(rows) + "\n")
+    f["results_table"] = "| | valid | test |\n|---|---:|---:|\n" + "\n".join(rows)
+    f["comparisons"] = "".join(comparison_section(rep, ev["name"]) + "\n" for rep in comparisons)
 
-    for rep in comparisons:
-        add(comparison_section(rep, ev["name"]))
+    f["usage"] = ("```python\nimport zoo\n\n"
+                  f'model = zoo.load("{name}")\n'
+                  f'report = model.score("{ds.example_text}")\n'
+                  f'print(report.texts[0]["{"bits_per_token" if ds.char_level else "ppl"}"])'
+                  f'{"  # bits per predicted symbol: the bpc above" if ds.char_level else ""}\n'
+                  f'print(model.generate("{ds.example_prompt}", max_new_tokens=20, seed=0))\n```')
+    f["command_line"] = (f"Command line: `zoo score {name} --text \"...\"`, `zoo generate {name} --prompt \"...\"`, "
+                         f"`zoo eval {name} --dataset {ev['dataset']}`. From the Hub: `zoo download {name}` "
+                         f"(repository `{repo_id}`, revision `{revision}`; every file is checked against the sha256 "
+                         "in the zoo's catalogue).")
 
-    add("## Usage\n")
-    add("```python\nimport zoo\n\n"
-        f'model = zoo.load("{name}")\n'
-        f'report = model.score("{ds.example_text}")\n'
-        f'print(report.texts[0]["{"bits_per_token" if ds.char_level else "ppl"}"])'
-        f'{"  # bits per predicted symbol: the bpc above" if ds.char_level else ""}\n'
-        f'print(model.generate("{ds.example_prompt}", max_new_tokens=20, seed=0))\n```\n')
-    add(f"Command line: `zoo score {name} --text \"...\"`, `zoo generate {name} --prompt \"...\"`, "
-        f"`zoo eval {name} --dataset {ev['dataset']}`. From the Hub: `zoo download {name}` "
-        f"(repository `{repo_id}`, revision `{revision}`; every file is checked against the sha256 in the "
-        "zoo's catalogue).\n")
-
-    add("## Model details\n")
-    details = [f"- Architecture: `{arch}` ({get_spec(arch).title})",
+    details = [f"- Architecture: `{arch}` ({title})",
                f"- Parameters: {ev['num_parameters']:,}",
                f"- Vocabulary: {margs.get('vocab_size', 'n/a'):,} tokens, normalisation `{tok.get('normalization')}`"
                if isinstance(margs.get("vocab_size"), int) else "- Vocabulary: see vocab.json",
@@ -216,64 +211,59 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
                f"{'yes' if margs.get('tie_weights') else 'no'}, input encoding `{margs.get('input_encoding')}`",
                "- Recurrent stack: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(aargs.items()))]
     if file_sizes:
-        details.append("- Files: " + ", ".join(f"`{f}` ({s / 1e6:.2f} MB)" if s >= 1e5 else f"`{f}` ({s:,} B)"
-                                               for f, s in sorted(file_sizes.items())))
-    add("\n".join(details) + "\n")
+        details.append("- Files: " + ", ".join(f"`{n}` ({s / 1e6:.2f} MB)" if s >= 1e5 else f"`{n}` ({s:,} B)"
+                                               for n, s in sorted(file_sizes.items())))
+    f["details"] = "\n".join(details)
 
-    add("## Training\n")
     train = recipe.get("train", {})
-    add(f"- Data: {ds.title}, train split; model selection on the validation split; the test split was "
-        "evaluated once, on the best-validation checkpoint.")
     world = ev.get("world_size", 1)
-    add(f"- Hardware: {short_device(ev.get('device', 'n/a'))}, {world} process{'es' if world != 1 else ''}; "
-        f"compute precision {train.get('precision', 'fp32')}")
-    add(f"- Training time: {format_duration(ev['train_seconds'])} ({ev['train_seconds']:.0f} s of training "
-        f"steps, evaluation excluded) over {ev['epochs_trained']} epochs (recipe: {train.get('epochs')}); "
-        f"best validation at epoch {ev['best_epoch']}")
-    if epochs:
-        speeds = [r["tokens_per_s"] for r in epochs if "tokens_per_s" in r]
-        if speeds:
-            add(f"- Throughput: {sum(speeds) / len(speeds):,.0f} training tokens/s on average")
-    add("")
+    training = [f"- Data: {ds.title}, train split; model selection on the validation split; the test split was "
+                "evaluated once, on the best-validation checkpoint.",
+                f"- Hardware: {short_device(ev.get('device', 'n/a'))}, {world} process{'es' if world != 1 else ''}; "
+                f"compute precision {train.get('precision', 'fp32')}",
+                f"- Training time: {format_duration(ev['train_seconds'])} ({ev['train_seconds']:.0f} s of training "
+                f"steps, evaluation excluded) over {ev['epochs_trained']} epochs (recipe: {train.get('epochs')}); "
+                f"best validation at epoch {ev['best_epoch']}"]
+    speeds = [r["tokens_per_s"] for r in epochs if "tokens_per_s" in r]
+    if speeds:
+        training.append(f"- Throughput: {sum(speeds) / len(speeds):,.0f} training tokens/s on average")
+    f["training"] = "\n".join(training)
     rname = recipe.get("name", name)
-    where = (f"`zoo train {rname}` (the recipe file `zoo/recipes/{rname}.toml`)" if (RECIPES_DIR / f"{rname}.toml")
-             .is_file() else "`zoo train recipe.toml` with this recipe saved as `recipe.toml`")
-    add(f"The exact recipe, every hyper-parameter as recorded by the training run (reproduce with {where}):\n")
+    f["recipe_where"] = (f"`zoo train {rname}` (the recipe file `zoo/recipes/{rname}.toml`)"
+                         if (RECIPES_DIR / f"{rname}.toml").is_file()
+                         else "`zoo train recipe.toml` with this recipe saved as `recipe.toml`")
     # the [reference] shown is the one the card compares with (see bundle.find_reference): publication
     # metadata that may have been corrected since the run recorded its copy, and is not a hyper-parameter
     shown = {k: v for k, v in recipe.items() if k != "reference"} | ({"reference": reference} if reference else {})
-    add("```toml\n" + to_toml(shown) + "\n```\n")
-    for fig in figures:
-        add(f"![Training curve of {name}]({fig})\n")
+    f["recipe_toml"] = to_toml(shown)
+    f["figures"] = "".join(f"![Training curve of {name}]({fig})\n\n" for fig in figures)
+    f["training_log"] = ""
     if epochs:
-        add("Training log (from `log.jsonl`):\n")
         lines = ["| epoch | train ppl | valid ppl | lr | seconds | optimizer |", "|---:|---:|---:|---:|---:|---|"]
         for r in epochs:
             lines.append(f"| {r['epoch']}{' *' if r.get('best') else ''} | {_fmt(r.get('train_ppl'))} | "
                          f"{_fmt(r.get('valid_ppl'))} | {r.get('lr', float('nan')):.4g} | "
                          f"{_fmt(r.get('seconds'), 0)} | {r.get('optimizer', '')} |")
-        add("\n".join(lines) + "\n\n`*`: a new best validation loss (checkpoint kept).\n")
+        f["training_log"] = ("Training log (from `log.jsonl`):\n\n" + "\n".join(lines)
+                             + "\n\n`*`: a new best validation loss (checkpoint kept).\n\n")
 
-    add("## Evaluation\n")
-    add(f"Standard stateful protocol: each split is one token stream cut into batch columns; the state is carried "
+    f["evaluation"] = (
+        f"Standard stateful protocol: each split is one token stream cut into batch columns; the state is carried "
         f"across {ev['valid'].get('bptt')}-token chunks and every next-token prediction is counted once. Valid: batch "
         f"size {ev['valid'].get('batch_size')}, {ev['valid'].get('num_tokens'):,} predictions; test: batch size "
         f"{ev['test'].get('batch_size')}, {ev['test'].get('num_tokens'):,} predictions. "
         + ("Bits per character = bits per token (each token is one character, `_` the word boundary, plus "
            "`<eos>`). " if ds.char_level else "")
         + f"Reproduce with `zoo eval {name} --dataset {ev['dataset']} --split test --batch-size "
-        f"{ev['test'].get('batch_size')}`.\n")
-
-    add("## Storage precision\n")
+        f"{ev['test'].get('batch_size')}`.")
     if dtype == "float32":
-        add("Weights are stored in float32.\n")
+        f["storage"] = "Weights are stored in float32."
     else:
-        add(f"Weights are stored in {dtype} (half the size) and computed in float32 after loading. Measured effect "
-            f"of the cast: valid perplexity {ev['valid']['ppl']:.4f} -> {rel['valid']['ppl']:.4f} "
-            f"({rel.get('valid_ppl_change', 0.0):+.4%}), test perplexity {ev['test']['ppl']:.4f} -> "
-            f"{rel['test']['ppl']:.4f} ({rel.get('test_ppl_change', 0.0):+.4%}).\n")
-
-    add("## Limitations\n")
+        f["storage"] = (f"Weights are stored in {dtype} (half the size) and computed in float32 after loading. "
+                        f"Measured effect of the cast: valid perplexity {ev['valid']['ppl']:.4f} -> "
+                        f"{rel['valid']['ppl']:.4f} ({rel.get('valid_ppl_change', 0.0):+.4%}), test perplexity "
+                        f"{ev['test']['ppl']:.4f} -> {rel['test']['ppl']:.4f} "
+                        f"({rel.get('test_ppl_change', 0.0):+.4%}).")
     lim = [f"- Trained only on {ds.title}: {ds.text_source}"
            " with that benchmark's preprocessing. Text outside it scores poorly: "
            + ("characters outside the 50-symbol alphabet are unknown." if ds.char_level else
@@ -286,12 +276,9 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     if reference:
         lim.append(f"- The published reference ({reference.get('source', 'see recipe')}) may differ in model size "
                    "or training budget; see the recipe comment for what was matched.")
-    add("\n".join(lim) + "\n")
-
-    add("## Citation\n")
-    add("If you use this model, please cite the paper(s) its architecture comes from:\n")
-    add("```bibtex\n" + "\n\n".join(CITATIONS[k] for k in citation_keys(arch, recipe)) + "\n```\n")
-    return "\n".join(parts)
+    f["limitations"] = "\n".join(lim)
+    f["bibtex"] = "\n\n".join(CITATIONS[k] for k in citation_keys(arch, recipe))
+    return string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(f)
 
 
 def comparison_section(report: dict[str, Any], run_name: str) -> str:
