@@ -61,7 +61,7 @@ def bundled(tiny_run_dir, tmp_path_factory):
 def test_bundle_copies_release_writes_card_and_catalogue(bundled, tiny_run_dir):
     d, ev = bundled["dir"], bundled["ev"]
     assert sorted(p.name for p in d.iterdir()) == ["README.md", "config.json", "model.safetensors",
-                                                   "tiny-card-curve.png", "vocab.json"]
+                                                   "tiny-card-curve.png", "tokenizer.json", "vocab.json"]
     for f in ("model.safetensors", "vocab.json"):
         assert (d / f).read_bytes() == (tiny_run_dir / "release" / f).read_bytes()
     assert (bundled["pkg"] / "cards" / "tiny-card.md").read_text() == (d / "README.md").read_text()
@@ -189,9 +189,11 @@ def test_readme_table_from_catalogue(bundled, capsys, monkeypatch):
     assert cells == ["`tiny-card` (default)", "lstm", f"{entry['num_parameters'] / 1e6:.2f}M", "ptb",
                      str(entry["training"]["epochs"]), cards.format_duration(entry["training"]["train_seconds"])
                      + f" ({short_device(entry['training']['device'])}, fp32)",
-                     f"{entry['metrics']['valid']:.2f}", f"{entry['metrics']['test']:.2f}", "perplexity",
-                     "120.70 / 114.50 (test fixture reference)"]
+                     f"{entry['metrics']['valid']:.2f}", f"{entry['metrics']['test']:.2f}", "", "perplexity",
+                     "120.70 / 114.50 (test fixture reference)"]  # (no dynamic-evaluation number for it)
     assert stdout == cards.models_table_markdown(bundled["catalog"])
+    with_dynamic = cards.models_table_markdown(bundled["catalog"], dynamic={"tiny-card": 99.125})
+    assert "| 99.12 | perplexity |" in with_dynamic
 
 
 def test_rebundle_replaces_atomically_and_keeps_other_entries(bundled, tiny_run_dir, tmp_path):
