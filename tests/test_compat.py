@@ -27,3 +27,18 @@ def test_old_checkpoint_saved_again_gains_a_tokenizer_json(tmp_path):
     out = model.save_pretrained(tmp_path / "again")
     assert json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]["<eos>"] == model.tokenizer.eos_id
     assert zoo.load(out).score("the cat sat")[0]["nll"] == model.score("the cat sat")[0]["nll"]
+
+
+def test_every_bundled_model_scores_as_before_the_redesign():
+    """Each bundled model's per-text NLL on two texts, recorded by the code at commit 7964690 (before the library
+    redesign), is reproduced exactly by the current code."""
+    from zoo.catalog import bundled_dir
+
+    before = json.loads((FIXTURES / "bundled-scores-before.json").read_text())
+    checked = 0
+    for name, nll in before["models"].items():
+        if not (bundled_dir() / name / "config.json").is_file():
+            continue
+        assert [t["nll"] for t in zoo.load(name).score(before["texts"]).texts] == nll, name
+        checked += 1
+    assert checked == len(before["models"]) >= 10
