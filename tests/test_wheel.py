@@ -54,7 +54,8 @@ def test_wheel_holds_the_library_only(wheel):
     assert {"zoo/__init__.py", "zoo/catalog.json", "zoo/cli.py", "zoo/recipes/alstm-ptb-5m-light.toml",
             "zoo/models/csrc/alstm_infer.cpp"} <= set(names)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
-    assert "Requires-Dist: torch>=2.4" in meta and "torch==" not in meta
+    torch_reqs = [line for line in meta.splitlines() if line.startswith("Requires-Dist: torch")]
+    assert torch_reqs == ["Requires-Dist: torch>=2.4"]  # beside the user's own torch; the pin is the checkout's
 
 
 @pytest.mark.slow
@@ -95,7 +96,8 @@ def test_plain_install_beside_existing_torch_loads_from_the_hub(wheel, tmp_path)
         assert got["file"].startswith(site) and got["source"] == "hub download" and got["pinned"]
         import zoo
 
-        assert got["ppl"] == zoo.load(name).score(TEXT)[0]["ppl"]
+        # the same weights; the installed copy may run the Python loop while its C++ twin is not built yet
+        assert got["ppl"] == pytest.approx(zoo.load(name).score(TEXT)[0]["ppl"], rel=1e-6)
         # the command line of a plain install: the library's commands work, the checkout's say where they live
         zoo_bin = str(venv / "bin" / "zoo")
         res = subprocess.run([zoo_bin, "score", name, "--text", TEXT], capture_output=True, text=True, cwd=outside,
