@@ -12,8 +12,10 @@ PORT ?= $(or $(GRADIO_SERVER_PORT),7860)
 TORCH_PIN := torch==2.13.0
 CONSTRAINTS := $(VENV)/constraints.txt
 # The checkout's folders, given to the library through the environment of this venv's interpreter (a .pth file):
-# the library itself assumes no repository layout.
+# the library itself assumes no repository layout. Also the lm_eval hook's .pth (`lm_eval --model zoo`), which
+# the wheel installs itself but an editable install does not carry (see setup.py).
 CHECKOUT_STAMP := $(VENV)/.checkout-stamp
+HOOK_PTH := alstm_zoo_lm_eval_hook.pth
 DATA_DIR ?= $(abspath ../shared/data)
 
 .PHONY: demo test venv system-deps olah lint bench clean help
@@ -33,9 +35,11 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/zoo build-ext || echo "(the C++ inference loops did not build: the Python loops will be used)"
 	touch $(STAMP)
 
-$(CHECKOUT_STAMP): $(STAMP) Makefile
+$(CHECKOUT_STAMP): $(STAMP) Makefile $(HOOK_PTH)
+	purelib="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && \
 	echo 'import os; os.environ.setdefault("ZOO_DATA_DIR", "$(DATA_DIR)"); os.environ.setdefault("ZOO_EXPORTS_DIR", "$(CURDIR)/exports/out")' \
-		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zoo_checkout.pth"
+		> "$$purelib/zoo_checkout.pth" && \
+	cp $(HOOK_PTH) "$$purelib/$(HOOK_PTH)"
 	touch $@
 
 venv: $(STAMP) $(CHECKOUT_STAMP)

@@ -34,10 +34,17 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _harness(args: list[str], out: Path, **env: str) -> dict:
-    """Run the harness's CLI through ``python -m zoo.lm_eval_plugin`` (the ``zoo-lm-eval`` script) and return its
-    results file's ``results``."""
-    cmd = [sys.executable, "-m", "zoo.lm_eval_plugin", *args, "--device", "cpu", "--output_path", str(out)]
+def _harness(args: list[str], out: Path, stock: bool = False, **env: str) -> dict:
+    """Run the harness's CLI and return its results file's ``results``: through ``python -m zoo.lm_eval_plugin``
+    (the ``zoo-lm-eval`` script), or with ``stock`` the harness's own ``lm_eval`` script of this venv, which finds
+    ``--model zoo`` through the start-up hook and is given the task folder as ``zoo-lm-eval --tasks-dir`` prints it."""
+    if stock:
+        tasks_dir = subprocess.run([sys.executable, "-m", "zoo.lm_eval_plugin", "--tasks-dir"], capture_output=True,
+                                   text=True, cwd=REPO, env=_env(), timeout=120, check=True).stdout.strip()
+        prefix = [str(Path(sys.executable).parent / "lm_eval"), "--include_path", tasks_dir]
+    else:
+        prefix = [sys.executable, "-m", "zoo.lm_eval_plugin"]
+    cmd = [*prefix, *args, "--device", "cpu", "--output_path", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=_env(**env), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(glob.glob(str(out / "**" / "results_*.json"), recursive=True))
@@ -104,6 +111,19 @@ def test_harness_cli_reproduces_the_zoos_numbers(model, small_ptb, tmp_path):
     first = model.score(lines[0], return_tokens=True)[0]["tokens"][0]["logprob"]
     assert whole["nll"] - stream["nll"] == pytest.approx(-first, abs=1.0)
     assert got == pytest.approx(stream["ppl"], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_stock_lm_eval_cli_finds_the_model(model, small_ptb, tmp_path):
+    """The harness's own `lm_eval` script (not the wrapper), with `--model zoo` and `--include_path "$(zoo-lm-eval
+    --tasks-dir)"` as the README documents, reproduces the zoo's score of the same lines."""
+    res = _harness(["--model", "zoo", "--model_args", f"pretrained={MODEL}", "--tasks", "zoo_ptb_test_lines",
+                    "--limit", "10", "--batch_size", "32", "--metadata", json.dumps({"zoo_data_dir": str(small_ptb)})],
+                   tmp_path / "out", stock=True)
+    text = (small_ptb / "ptb" / "test.txt").read_text(encoding="utf-8")
+    lines = [line for line in text.split("\n") if line.strip()]
+    assert res["zoo_ptb_test_lines"]["word_perplexity,none"] == pytest.approx(model.score(lines[:10]).corpus["ppl"],
+                                                                              rel=1e-6)
 
 
 @pytest.mark.skipif(not os.environ.get("ZOO_LMEVAL_FULL"), reason="set ZOO_LMEVAL_FULL=1: about a minute per model")
@@ -222,3 +242,62 @@ def test_zoo_imports_without_lm_eval():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "alstm-zoo[lm-eval]" in proc.stdout
+
+
+# -- the start-up hook behind the stock `lm_eval --model zoo` (alstm_zoo_lm_eval_hook.py) -------------------------
+def _python(code: str, **env: str) -> dict:
+    """Run ``code`` in a fresh interpreter of this venv (its .pth files run at start-up) and return the JSON it
+    prints last."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=_env(**env),
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_HEAVY = "sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lm_eval', 'zoo'})"
+
+
+def test_hook_is_installed_at_start_up_and_imports_nothing_heavy():
+    """The venv's .pth has imported the hook before any user code, and all it loaded is a meta-path finder:
+    neither torch nor lm_eval nor zoo is imported at start-up."""
+    got = _python("import json, sys\nstarted = 'alstm_zoo_lm_eval_hook' in sys.modules\n"
+                  f"heavy = {_HEAVY}\nimport alstm_zoo_lm_eval_hook as h\n"
+                  "print(json.dumps({'started': started, 'heavy': heavy, 'file': h.__file__, "
+                  "'finders': sum(isinstance(f, h.Finder) for f in sys.meta_path)}))")
+    assert got == {"started": True, "heavy": [], "file": str(REPO / "alstm_zoo_lm_eval_hook.py"), "finders": 1}
+
+
+def test_hook_registers_zoo_and_the_harness_keeps_its_own_models():
+    """In a fresh process the harness's first lookup (`get_model` on an empty registry imports lm_eval.models) finds
+    `zoo` as the zoo's class; the harness's own models are still all there and resolve; lm_eval.models keeps its
+    real loader; the plugin's own register() afterwards changes nothing."""
+    got = _python(
+        "import json, sys\nfrom lm_eval.api.registry import get_model, model_registry\n"
+        "import alstm_zoo_lm_eval_hook as h\n"
+        "zoo_cls = get_model('zoo')\nimport lm_eval.models as lm\nimport zoo.lm_eval_plugin as zp\nzp.register()\n"
+        "print(json.dumps({'zoo': f'{zoo_cls.__module__}:{zoo_cls.__qualname__}', 'target': h.TARGET, "
+        "'same': zoo_cls is zp.ZooLM and dict(model_registry.items())['zoo'] is zp.ZooLM, "
+        "'builtin': sorted(set(lm.MODEL_MAPPING) - set(model_registry)), 'dummy': get_model('dummy').__name__, "
+        "'loader': type(lm.__loader__).__name__, 'spec_loader': lm.__spec__.loader is lm.__loader__}))")
+    assert got == {"zoo": "zoo.lm_eval_plugin:ZooLM", "target": "zoo.lm_eval_plugin:ZooLM", "same": True,
+                   "builtin": [], "dummy": "DummyLM", "loader": "SourceFileLoader", "spec_loader": True}
+
+
+def test_hook_opt_out():
+    """ALSTM_ZOO_NO_LM_EVAL_HOOK=1: no finder, and the harness's registry holds its own models only."""
+    got = _python("import json, sys\nimport alstm_zoo_lm_eval_hook as h\nimport lm_eval.models as lm\n"
+                  "from lm_eval.api.registry import model_registry\n"
+                  "print(json.dumps({'finders': sum(isinstance(f, h.Finder) for f in sys.meta_path), "
+                  "'zoo': 'zoo' in model_registry, 'same': sorted(model_registry) == sorted(lm.MODEL_MAPPING)}))",
+                  ALSTM_ZOO_NO_LM_EVAL_HOOK="1")
+    assert got == {"finders": 0, "zoo": False, "same": True}
+
+
+def test_hook_pth_is_silent_without_its_module(tmp_path):
+    """A .pth left behind by an uninstalled package (the checkout's copy is not in the wheel's RECORD) must not
+    print errors at every start-up: its line is a no-op when the module cannot be imported."""
+    (tmp_path / "alstm_zoo_lm_eval_hook.pth").write_bytes((REPO / "alstm_zoo_lm_eval_hook.pth").read_bytes())
+    code = (f"import sys, site\nsys.modules['alstm_zoo_lm_eval_hook'] = None\nsite.addsitedir({str(tmp_path)!r})\n"
+            "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "ok", "")

@@ -53,14 +53,60 @@ def test_wheel_holds_the_library_only(wheel):
     assert not [n for n in names if n.startswith(("zoo/pretrained/", "zoo/tools/"))]
     assert not [n for n in names if n.endswith((".safetensors", ".png"))]
     assert {"zoo/__init__.py", "zoo/catalog.json", "zoo/cli.py", "zoo/recipes/alstm-ptb-5m-light.toml",
-            "zoo/models/csrc/alstm_infer.cpp"} <= set(names)
+            "zoo/models/csrc/alstm_infer.cpp", "alstm_zoo_lm_eval_hook.py", "alstm_zoo_lm_eval_hook.pth"} <= set(names)
+    # the `lm_eval --model zoo` hook: its .pth at the root of site-packages, as in the source tree (setup.py)
+    pth = zipfile.ZipFile(wheel).read("alstm_zoo_lm_eval_hook.pth")
+    assert pth == (REPO / "alstm_zoo_lm_eval_hook.pth").read_bytes()
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     torch_reqs = [line for line in meta.splitlines() if re.match(r"Requires-Dist: torch\b(?![-\w])", line)]
     assert torch_reqs == ["Requires-Dist: torch>=2.4"]  # beside the user's own torch; the pin is the checkout's
 
 
+@pytest.fixture(scope="module")
+def plain_install(wheel, tmp_path_factory):
+    """A fresh venv with the wheel installed, reusing this interpreter's torch (and the other dependencies, lm_eval
+    included) through a path entry, without this checkout's editable install and its .pth files (a plain path
+    entry does not run them). Yields the venv and its site-packages."""
+    venv = tmp_path_factory.mktemp("plain") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "reuse_torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
+                          "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    yield venv, site
+    shutil.rmtree(venv, ignore_errors=True)
+
+
+def _plain_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ZOO_", "HF_", "ALSTM_ZOO_"))}
+    env.update(PYTHONPATH="", **extra)
+    return env
+
+
 @pytest.mark.slow
-def test_plain_install_beside_existing_torch_loads_from_the_hub(wheel, tmp_path):
+def test_plain_install_registers_the_harness_model(plain_install, tmp_path):
+    """The installed wheel's .pth hook makes the stock harness find `--model zoo` (get_model, as `lm_eval` does):
+    the hook comes from the wheel and imported nothing heavy at start-up; the class is the installed zoo's."""
+    venv, site = plain_install
+    script = ("import json, sys\nstarted = 'alstm_zoo_lm_eval_hook' in sys.modules\n"
+              "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lm_eval', 'zoo'})\n"
+              "from lm_eval.api.registry import get_model\ncls = get_model('zoo')\n"
+              "print(json.dumps({'started': started, 'heavy': heavy, "
+              "'hook': sys.modules['alstm_zoo_lm_eval_hook'].__file__, 'cls': f'{cls.__module__}:{cls.__name__}', "
+              "'file': sys.modules[cls.__module__].__file__, 'dummy': get_model('dummy').__name__}))")
+    res = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True,
+                         cwd=tmp_path, env=_plain_env(), timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["started"] and got["heavy"] == [] and got["hook"].startswith(site), got
+    assert got["cls"] == "zoo.lm_eval_plugin:ZooLM" and got["file"].startswith(site) and got["dummy"] == "DummyLM"
+
+
+@pytest.mark.slow
+def test_plain_install_beside_existing_torch_loads_from_the_hub(plain_install, tmp_path):
     if not OLAH_CLI.exists():
         pytest.skip(".venv-olah is absent (create it with `make olah`)")
     cat = json.loads((REPO / "zoo" / "catalog.json").read_text())
@@ -70,21 +116,11 @@ def test_plain_install_beside_existing_torch_loads_from_the_hub(wheel, tmp_path)
     files = {f: (bundled / f).read_bytes() for f in entry["files"]}
     make_mirror(tmp_path / "mirrors", entry["repo_id"], files, tag=entry["revision"])
     server = Olah(tmp_path, tmp_path / "mirrors")
+    venv, site = plain_install
+    py = venv / "bin" / "python"
     try:
-        # a fresh venv that reuses this interpreter's torch (and the other dependencies) through a path entry,
-        # without this checkout's editable install (a plain path entry does not run its .pth files)
-        venv = tmp_path / "venv"
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-        py = venv / "bin" / "python"
-        site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        Path(site, "reuse_torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-        res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-                              "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ZOO_", "HF_"))}
-        env.update(HF_ENDPOINT=server.endpoint, HF_HUB_CACHE=str(tmp_path / "cache"), HF_HUB_DISABLE_TELEMETRY="1",
-                   HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONPATH="")
+        env = _plain_env(HF_ENDPOINT=server.endpoint, HF_HUB_CACHE=str(tmp_path / "cache"),
+                         HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
         outside = tmp_path / "elsewhere"
         outside.mkdir()
         script = (f"import json, zoo; m = zoo.load({name!r}); "
@@ -109,4 +145,3 @@ def test_plain_install_beside_existing_torch_loads_from_the_hub(wheel, tmp_path)
         assert res.returncode == 2 and "checkout tooling" in res.stderr and "Traceback" not in res.stderr
     finally:
         server.stop()
-        shutil.rmtree(tmp_path / "venv", ignore_errors=True)

@@ -1,17 +1,21 @@
 """The zoo's models in EleutherAI's lm-evaluation-harness (``lm_eval`` 0.4.x): model ``zoo`` and task files.
 
-Install with the extra: ``pip install 'alstm-zoo[lm-eval]'``. Then::
+Install with the extra: ``pip install 'alstm-zoo[lm-eval]'``. Then the stock harness command works, given the
+zoo's task folder (:data:`TASKS_DIR`, printed by ``zoo-lm-eval --tasks-dir``)::
 
-    zoo-lm-eval --model zoo --model_args pretrained=alstm-ptb-5m-light --tasks zoo_ptb_test
+    lm_eval --model zoo --model_args pretrained=alstm-ptb-5m-light --tasks zoo_ptb_test \\
+        --include_path "$(zoo-lm-eval --tasks-dir)"
 
-``zoo-lm-eval`` (also ``python -m zoo.lm_eval_plugin``) *is* the harness's command line (``lm_eval``'s own
+How ``lm_eval`` finds ``--model zoo``: lm_eval 0.4.x has no entry point group for models, but its registry takes
+lazy ``"module:Object"`` placeholders. The wheel installs a ``.pth`` file whose start-up hook
+(``alstm_zoo_lm_eval_hook``: no torch, lm_eval or zoo import) adds the placeholder ``zoo`` ->
+``zoo.lm_eval_plugin:ZooLM`` right after the harness imports ``lm_eval.models``; this module is imported only when
+the harness asks for the model (``ALSTM_ZOO_NO_LM_EVAL_HOOK=1`` turns the hook off).
+
+``zoo-lm-eval`` (also ``python -m zoo.lm_eval_plugin``) is the same harness command line (``lm_eval``'s own
 ``cli_evaluate``, every flag as documented by the harness) with two additions made before it parses anything:
-the model ``zoo`` is registered and the zoo's task folder (:data:`TASKS_DIR`) is put on ``--include_path`` (when the
-command does not name one itself). Why a wrapper and not ``lm_eval --model zoo``: lm_eval 0.4.x has no entry point
-group for models. Its ``--model`` is looked up in an in-process registry that only the harness's own modules fill,
-before any outside code could run (``--include_path`` YAML files are read only once the model exists). Without
-patching lm_eval, a third-party model therefore has to be registered by a process that imports it first.
-From Python::
+the model ``zoo`` is registered (without relying on the hook) and :data:`TASKS_DIR` is put on ``--include_path``
+(when the command does not name one itself). From Python, importing this module registers the model::
 
     import lm_eval, zoo.lm_eval_plugin as zp
     from lm_eval.tasks import TaskManager
@@ -29,8 +33,8 @@ Conventions (the zoo's, so the harness reproduces the zoo's own numbers):
   line break, as in the corpora, not a stop.
 
 Every text goes through the model's tokenizer: lower-cased, numbers to ``N``, punctuation dropped (PTB), and every
-word outside the closed vocabulary becomes ``<unk>``. See ``docs_lm_eval_section.md`` for what that means for
-harness tasks.
+word outside the closed vocabulary becomes ``<unk>``. See the README's lm-evaluation-harness section for what that
+means for harness tasks.
 """
 
 from __future__ import annotations
@@ -306,23 +310,29 @@ def process_results(doc: dict[str, str], results: tuple[float]) -> dict[str, tup
 
 # -- registration and the command line ---------------------------------------------------------------------------
 def register() -> None:
-    """Register :class:`ZooLM` as the harness model ``zoo`` (idempotent). The harness's own models are imported
-    first: lm_eval 0.4.13 fills its registry with them only when it finds the registry empty."""
+    """Register :class:`ZooLM` as the harness model ``zoo`` (idempotent): a new entry, or the start-up hook's lazy
+    placeholder (``alstm_zoo_lm_eval_hook.TARGET``) upgraded to the class; a ``zoo`` registered by anyone else is
+    left alone. The harness's own models are imported first: lm_eval 0.4.13 fills its registry with them only when
+    it finds the registry empty. When the hook's placeholder is materialised, this runs while the module is being
+    imported (below) and does the upgrade itself; the harness then stores the same class."""
     import lm_eval.models  # noqa: F401
-    from lm_eval.api.registry import get_model, register_model
+    from lm_eval.api.registry import model_registry, register_model
 
-    try:
-        get_model(MODEL_NAME)
-    except ValueError:
+    current = dict(model_registry.items()).get(MODEL_NAME)
+    if current is None or current == f"{ZooLM.__module__}:{ZooLM.__qualname__}":
         register_model(MODEL_NAME)(ZooLM)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``zoo-lm-eval ARGS``: run ``lm_eval ARGS`` (the harness's CLI) with the model ``zoo`` registered and
-    :data:`TASKS_DIR` as ``--include_path`` unless the command names one (the harness takes a single folder)."""
+    :data:`TASKS_DIR` as ``--include_path`` unless the command names one (the harness takes a single folder).
+    ``zoo-lm-eval --tasks-dir`` prints :data:`TASKS_DIR` and exits, for the stock ``lm_eval``'s ``--include_path``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--tasks-dir" in args:
+        print(TASKS_DIR)
+        return
     from lm_eval.__main__ import cli_evaluate
 
-    args = list(sys.argv[1:] if argv is None else argv)
     register()
     if args and not {"-h", "--help"} & set(args) and not any(a.startswith("--include_path") for a in args):
         args += ["--include_path", str(TASKS_DIR)]
