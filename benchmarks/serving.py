@@ -1,10 +1,16 @@
-"""Load test of the TorchServe deployment on loopback: batching on vs off.
+"""Load test of the TorchServe deployment on loopback: batching on vs off, and scoring beside generation.
 
 For each setting a fresh server is started (``zoo.tools.serve.start_server``: token auth on, its own run dir
 and free ports), warmed up, then ``--clients`` threads each send score requests back to back for
 ``--duration`` seconds: one PTB test sentence per request (``{"task": "score", "texts": [s]}``),
 cycling through the test set. Reported: requests/s, p50/p99 latency, errors (any non-200 reply or
 exception: must be 0), and the mean batch size the handler saw (its ``X-Zoo-Batch-Size`` header).
+
+Mixed load (on the batching-on server): ``--mixed-score-clients`` score clients alone, then the same score
+clients while ``--generate-clients`` clients generate back to back (``--gen-tokens`` tokens each, sampled,
+not streamed). The figure is the score p50 with generation running over the score p50 alone (target <= 2:
+generation advances a time slice per worker call under TorchServe's continuous batching, so a score request
+never waits for whole generations; before that, 4 generating clients took score p50 from 48 to 430 ms).
 
     python benchmarks/serving.py                      # the default model, 16 clients, 30 s per setting
     python benchmarks/serving.py --model path/to/ckpt --duration 10
@@ -85,16 +91,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def load(url: str, key: str, texts: list[str], clients: int, seconds: float, warmup: float) -> dict[str, Any]:
-    """Closed-loop load: each client sends its next request as soon as the previous one returns."""
+def load(url: str, key: str, texts: list[str], clients: int, seconds: float, warmup: float,
+         generators: int = 0, gen_tokens: int = 50) -> dict[str, Any]:
+    """Closed-loop load: each client sends its next request as soon as the previous one returns. ``clients``
+    score one sentence per request; ``generators`` more clients generate ``gen_tokens`` tokens per request."""
     lock = threading.Lock()
     latencies: list[float] = []
     batch_sizes: list[int] = []
     errors: list[str] = []
+    gen_latencies: list[float] = []
+    gen_tokens_done: list[int] = []
     start = time.perf_counter() + warmup
     stop_at = start + seconds
 
-    def client(idx: int) -> None:
+    def client(idx: int, generate: bool) -> None:
         http = requests.Session()
         http.trust_env = False
         headers = {"Authorization": f"Bearer {key}"}
@@ -103,25 +113,34 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
             t0 = time.perf_counter()
             if t0 >= stop_at:
                 return
-            body = {"task": "score", "texts": [texts[i % len(texts)]]}
-            i += clients
+            if generate:
+                body: dict[str, Any] = {"task": "generate", "prompt": texts[i % len(texts)][:40],
+                                        "max_new_tokens": gen_tokens, "seed": i, "stop_at_eos": False}
+            else:
+                body = {"task": "score", "texts": [texts[i % len(texts)]]}
+            i += clients + generators
             try:
-                r = http.post(url, json=body, headers=headers, timeout=60)
+                r = http.post(url, json=body, headers=headers, timeout=120)
                 ok, note = r.status_code == 200, f"HTTP {r.status_code}"
                 batch = int(r.headers.get("X-Zoo-Batch-Size", 0))
-            except requests.RequestException as e:
-                ok, note, batch = False, type(e).__name__, 0
+                tokens = r.json().get("num_tokens", 0) if ok and generate else 0
+            except (requests.RequestException, ValueError) as e:
+                ok, note, batch, tokens = False, type(e).__name__, 0, 0
             t1 = time.perf_counter()
             if t0 < start:  # warm-up requests are not counted
                 continue
             with lock:
-                if ok:
+                if not ok:
+                    errors.append(note)
+                elif generate:
+                    gen_latencies.append(t1 - t0)
+                    gen_tokens_done.append(tokens)
+                else:
                     latencies.append(t1 - t0)
                     batch_sizes.append(batch)
-                else:
-                    errors.append(note)
 
-    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
+    threads = [threading.Thread(target=client, args=(k, False), daemon=True) for k in range(clients)]
+    threads += [threading.Thread(target=client, args=(clients + k, True), daemon=True) for k in range(generators)]
     for t in threads:
         t.start()
     with tqdm(total=int(warmup + seconds), desc="load", unit="s", leave=False) as bar:
@@ -130,14 +149,19 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
             bar.update(1)
     for t in threads:
         t.join()
-    return {"requests": len(latencies), "errors": len(errors), "error_kinds": sorted(set(errors)),
-            "requests_per_s": len(latencies) / seconds,
-            "p50_ms": 1000 * percentile(latencies, 0.50), "p99_ms": 1000 * percentile(latencies, 0.99),
-            "mean_batch_size": sum(batch_sizes) / len(batch_sizes) if batch_sizes else float("nan")}
+    out = {"requests": len(latencies), "errors": len(errors), "error_kinds": sorted(set(errors)),
+           "requests_per_s": len(latencies) / seconds,
+           "p50_ms": 1000 * percentile(latencies, 0.50), "p99_ms": 1000 * percentile(latencies, 0.99),
+           "mean_batch_size": sum(batch_sizes) / len(batch_sizes) if batch_sizes else float("nan")}
+    if generators:
+        out.update(generate_requests=len(gen_latencies), generate_p50_ms=1000 * percentile(gen_latencies, 0.5),
+                   generated_tokens_per_s=sum(gen_tokens_done) / seconds)
+    return out
 
 
 def run_setting(name: str, source: str, opts: ArchiveOptions, args: argparse.Namespace,
-                texts: list[str]) -> dict[str, Any]:
+                texts: list[str], mixed: bool = False) -> dict[str, Any]:
+    """One fresh server: the score load, and with ``mixed`` then score alone vs score beside generation."""
     ports = free_ports(4)
     cfg = ServerConfig(inference_port=ports[0], management_port=ports[1], metrics_port=ports[2], worker_port=ports[3])
     with tempfile.TemporaryDirectory(prefix="zoo-bench-serve-") as tmp:
@@ -146,7 +170,13 @@ def run_setting(name: str, source: str, opts: ArchiveOptions, args: argparse.Nam
         start_server([(name, source)], run_dir, cfg, opts, timeout=300)
         try:
             url = f"{cfg.url('inference')}/predictions/{name}"
-            res = load(url, read_keys(run_dir)["inference"], texts, args.clients, args.duration, args.warmup)
+            key = read_keys(run_dir)["inference"]
+            res = load(url, key, texts, args.clients, args.duration, args.warmup)
+            if mixed:
+                res["mixed"] = {
+                    "score_only": load(url, key, texts, args.mixed_score_clients, args.duration, args.warmup),
+                    "with_generation": load(url, key, texts, args.mixed_score_clients, args.duration, args.warmup,
+                                            generators=args.generate_clients, gen_tokens=args.gen_tokens)}
         finally:
             stop_server(run_dir)
     res.update(batch_size=opts.batch_size, max_batch_delay_ms=opts.max_batch_delay)
@@ -164,13 +194,27 @@ def markdown(result: dict[str, Any]) -> str:
                 f"p50 {result['ratio_p50']:.2f}x; model `{result['model']}` ({result['num_parameters']:,} "
                 f"parameters), {result['clients']} clients x {result['duration_s']:.0f} s, "
                 f"{result['machine']['cpu_count']} CPUs")
+    mixed = result.get("mixed")
+    if mixed:
+        alone, beside = mixed["score_only"], mixed["with_generation"]
+        rows += ["", "Scoring beside generation (batching-on server):", "",
+                 "| load | score requests/s | score p50 ms | score p99 ms | generated tokens/s | errors |",
+                 "|---|---:|---:|---:|---:|---:|",
+                 f"| {mixed['score_clients']} score clients | {alone['requests_per_s']:.1f} | {alone['p50_ms']:.1f} | "
+                 f"{alone['p99_ms']:.1f} | - | {alone['errors']} |",
+                 f"| the same + {mixed['generate_clients']} generating ({mixed['gen_tokens']} tokens each) | "
+                 f"{beside['requests_per_s']:.1f} | {beside['p50_ms']:.1f} | {beside['p99_ms']:.1f} | "
+                 f"{beside['generated_tokens_per_s']:.0f} | {beside['errors']} |",
+                 f"\nscore p50 with generation / alone: {mixed['ratio_p50']:.2f}x (target <= 2); generation time "
+                 f"slice {mixed['gen_slice_ms']} ms per worker call"]
     return "\n".join(rows)
 
 
 def readme_text(result: dict[str, Any]) -> str:
     """What serving.md holds (and the serving README shows): the conditions, then the table."""
+    beside = f"; running beside: {result['running_beside']}" if result.get("running_beside") else ""
     return (f"Measured {result['date']} ({result['machine']['platform']}, load average at the end "
-            f"{result['machine']['load_avg_at_end'][0]:.1f}):\n\n{markdown(result)}")
+            f"{result['machine']['load_avg_at_end'][0]:.1f}{beside}):\n\n{markdown(result)}")
 
 
 def main() -> None:
@@ -183,6 +227,11 @@ def main() -> None:
     ap.add_argument("--max-batch-delay", type=int, default=10, help="ms, 'batching on' setting")
     ap.add_argument("--threads", type=int, default=ArchiveOptions.threads,
                     help="torch threads per worker (0 = torch default)")
+    ap.add_argument("--mixed-score-clients", type=int, default=4, help="score clients of the mixed load")
+    ap.add_argument("--generate-clients", type=int, default=4, help="generating clients of the mixed load")
+    ap.add_argument("--gen-tokens", type=int, default=50, help="tokens per generate request (mixed load)")
+    ap.add_argument("--note", default="", help="what else ran on the machine (recorded in the JSON and table)")
+    ap.add_argument("--no-mixed", action="store_true", help="skip the mixed score + generate load")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
     args = ap.parse_args()
 
@@ -192,16 +241,22 @@ def main() -> None:
     runs = {}
     for key, batch, delay in (("batching_on", args.batch_size, args.max_batch_delay), ("batching_off", 1, 0)):
         opts = ArchiveOptions(batch_size=batch, max_batch_delay=delay, threads=args.threads)
-        runs[key] = run_setting(name, source, opts, args, texts)
+        runs[key] = run_setting(name, source, opts, args, texts, mixed=key == "batching_on" and not args.no_mixed)
         print(f"{key}: {runs[key]['requests_per_s']:.1f} req/s, p50 {runs[key]['p50_ms']:.1f} ms, "
               f"p99 {runs[key]['p99_ms']:.1f} ms, errors {runs[key]['errors']}", flush=True)
     on, off = runs["batching_on"], runs["batching_off"]
+    mixed = on.pop("mixed", None)
+    if mixed:
+        mixed.update(score_clients=args.mixed_score_clients, generate_clients=args.generate_clients,
+                     gen_tokens=args.gen_tokens, gen_slice_ms=ArchiveOptions.gen_slice_ms,
+                     ratio_p50=mixed["with_generation"]["p50_ms"] / mixed["score_only"]["p50_ms"])
     result = {
         "model": args.model, "checkpoint": str(resolve_checkpoint(source)), "architecture": model.lm.architecture,
         "num_parameters": model.num_parameters, "clients": args.clients, "duration_s": args.duration,
         "request": "POST /predictions/<model> {\"task\": \"score\", \"texts\": [one PTB test sentence]}",
         "runs": runs, "ratio_requests_per_s": on["requests_per_s"] / off["requests_per_s"],
-        "ratio_p50": on["p50_ms"] / off["p50_ms"],
+        "ratio_p50": on["p50_ms"] / off["p50_ms"], "mixed": mixed,
+        "running_beside": args.note,
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "load_avg_at_end": os.getloadavg()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -209,8 +264,11 @@ def main() -> None:
     text = readme_text(result)
     print(text)
     write_result(args.out, result, text)
-    if on["errors"] or off["errors"]:
-        raise SystemExit(f"errors during the load test: {on['error_kinds'] + off['error_kinds']}")
+    kinds = on["error_kinds"] + off["error_kinds"]
+    if mixed:
+        kinds += mixed["score_only"]["error_kinds"] + mixed["with_generation"]["error_kinds"]
+    if kinds:
+        raise SystemExit(f"errors during the load test: {kinds}")
 
 
 if __name__ == "__main__":

@@ -252,6 +252,40 @@ def test_generate_streams_ndjson_chunks(server):
     assert "".join(c["text"] for c in lines) == plain["text"]
 
 
+def test_scoring_is_not_held_up_by_running_generations(server):
+    """Generations advance a time slice per worker call (continuous batching): a score request sent while four
+    long generations stream is answered before they end, with the numbers it gets alone. (Before, a batch
+    ran its generations to the end first, so a score request that shared it waited for all of them.)"""
+    cap = LIMITS["max_new_tokens"]
+    gen = {"task": "generate", "prompt": "the", "max_new_tokens": cap, "stop_at_eos": False, "stream": True}
+    first_line = threading.Barrier(5)
+    ended: list[float] = []
+
+    def stream(seed: int) -> list[dict]:
+        with server.post({**gen, "seed": seed}, stream=True) as r:
+            assert r.status_code == 200
+            lines, lines_iter = [], (json.loads(x) for x in r.iter_lines() if x)
+            lines.append(next(lines_iter))
+            first_line.wait(timeout=HTTP_TIMEOUT)
+            lines += list(lines_iter)
+        ended.append(time.perf_counter())
+        return lines
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(stream, seed) for seed in range(4)]
+        first_line.wait(timeout=HTTP_TIMEOUT)  # every generation is under way
+        r = server.post({"task": "score", "texts": [TEXTS[0]]})
+        scored = time.perf_counter()
+        streams = [f.result() for f in futures]
+    assert r.status_code == 200
+    _assert_reports_close(r.json(), server.model.score([TEXTS[0]]).to_dict())
+    assert scored < max(ended), "the score reply waited for every generation to end"
+    for seed, lines in enumerate(streams):  # and the generations are what the Python API generates
+        assert lines[-1]["done"] and lines[-1]["num_tokens"] == cap
+        text = "".join(line["text"] for line in lines)
+        assert text == server.model.generate("the", max_new_tokens=cap, stop_at_eos=False, seed=seed)
+
+
 def test_concurrent_requests_are_batched_with_unbatched_scores(server):
     bodies = [{"task": "score", "texts": [TEXTS[i % len(TEXTS)], TEXTS[(3 * i + 1) % len(TEXTS)]]}
               for i in range(14)]

@@ -67,6 +67,8 @@ class ArchiveOptions:
     response_timeout: int = 120
     backend: str = "eager"
     threads: int = 1
+    #: time per handler call that the generations in progress share (ms); scoring waits at most about this long
+    gen_slice_ms: int = 20
     # the handler's limits default to the service core's (zoo.service.Limits), the one place they are set
     max_texts: int = Limits.max_texts
     max_chars: int = Limits.max_chars
@@ -77,7 +79,7 @@ class ArchiveOptions:
         for key in ("workers", "batch_size", "response_timeout", "max_texts", "max_chars", "max_total_chars"):
             if getattr(self, key) < 1:
                 raise ServeError(f"--{key.replace('_', '-')} must be >= 1")
-        for key in ("max_batch_delay", "threads", "max_new_tokens"):
+        for key in ("max_batch_delay", "threads", "max_new_tokens", "gen_slice_ms"):
             if getattr(self, key) < 0:
                 raise ServeError(f"--{key.replace('_', '-')} must be >= 0")
         if self.backend not in SERVE_BACKENDS:
@@ -588,6 +590,9 @@ def _archive_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-chars", type=int, default=d.max_chars, help="characters per text or prompt")
     g.add_argument("--max-total-chars", type=int, default=d.max_total_chars, help="characters per request")
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="server cap on max_new_tokens")
+    g.add_argument("--gen-slice-ms", type=int, default=d.gen_slice_ms,
+                   help="generation time per worker call, shared by the generations in progress; new requests "
+                        "(scoring) wait at most about this long behind generation")
 
 
 def add(subparsers) -> None:
