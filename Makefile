@@ -52,11 +52,15 @@ $(OLAH_STAMP):
 
 olah: $(OLAH_STAMP)
 
-# Java 17 for TorchServe's frontend and Chromium for the browser test, from Debian, where missing.
+# Java 17 for TorchServe's frontend, nginx for its front door and Chromium for the browser test, from Debian,
+# where missing.
 system-deps:
 	@if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then \
 		echo "installing openjdk-17-jdk-headless"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; fi
+	@if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then \
+		echo "installing nginx-light (the serving front door)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; fi
 	@if ! command -v chromium >/dev/null; then \
 		echo "installing chromium"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi

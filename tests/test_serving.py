@@ -95,6 +95,7 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
 class Server:
     def __init__(self, run_dir: Path, ports: list[int], name: str, source: str, start_output: str):
         self.run_dir, self.name, self.source, self.start_output = run_dir, name, source, start_output
+        self.ports = ports
         self.inference = f"http://127.0.0.1:{ports[0]}"
         self.management = f"http://127.0.0.1:{ports[1]}"
         self.metrics = f"http://127.0.0.1:{ports[2]}"
@@ -139,7 +140,7 @@ def server(tmp_path_factory) -> Server:
     limits = [f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()]
     proc = _zoo("serve", "start", f"{name}={source}", "--run-dir", str(run_dir), "--inference-port", str(ports[0]),
                 "--management-port", str(ports[1]), "--metrics-port", str(ports[2]), "--worker-port", str(ports[3]),
-                "--batch-size", "8", "--max-batch-delay", "100", "--threads", "1",
+                "--batch-size", "8", "--max-batch-delay", "100", "--threads", "1", "--client-timeout", "3",
                 "--max-request-bytes", str(MAX_REQUEST_BYTES), "--timeout", "150", *limits, timeout=200)
     try:
         assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -177,10 +178,17 @@ def test_secure_defaults_in_effect(server):
     cfg = state["config"]
     grpc = {cfg["grpc_inference_port"], cfg["grpc_management_port"]}
     assert 0 not in grpc and not grpc & {7070, 7071}  # free ports are taken from the ephemeral range
-    conns = psutil.Process(state["pid"]).net_connections("inet")
-    listening = {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
-    assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
-    assert {p for _, p in listening} >= grpc | {cfg["inference_port"], cfg["management_port"]}
+    def listening(pid: int) -> set[tuple[str, int]]:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        return {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port) for proc in procs
+                for c in proc.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+
+    torchserve, front = listening(state["pid"]), listening(state["front_pid"])
+    assert {ip for ip, _ in torchserve | front} == {"127.0.0.1"}, (torchserve, front)
+    assert {p for _, p in torchserve} >= grpc | {cfg["backend_port"], cfg["management_port"]}
+    # the inference port is the front door's (nginx); TorchServe's own inference port is another one
+    assert {p for _, p in front} == {cfg["inference_port"]} and cfg["backend_port"] != cfg["inference_port"]
+    assert f"inference_address=http://127.0.0.1:{cfg['backend_port']}" in conf
     assert f"grpc_inference_port={cfg['grpc_inference_port']}" in conf and "grpc_inference_address=127.0.0.1" in conf
     # the worker runs with this interpreter, where `zoo` is importable
     pid = server.workers()[0]["pid"]
@@ -405,7 +413,12 @@ BAD_INPUTS = [  # (id, content type, body, expected status, field named in the e
     ("stream-not-bool", "application/json", {"task": "generate", "stream": "yes"}, 400, "stream"),
     ("prompt-not-str", "application/json", {"task": "generate", "prompt": 123}, 400, "prompt"),
     ("prompt-too-long", "application/json", {"task": "generate", "prompt": _long_text()}, 400, "prompt"),
-    ("form-encoded", "application/x-www-form-urlencoded", b"text=the+cat", 400, "body"),
+    # form bodies never reach TorchServe (its frontend decoded them itself: a bad %-escape was its own 500)
+    ("form-encoded", "application/x-www-form-urlencoded", b"text=the+cat", 400, "Content-Type"),
+    ("form-bad-escape", "application/x-www-form-urlencoded", b"text=%zz%", 400, "Content-Type"),
+    ("form-bad-escape-charset", "application/x-www-form-urlencoded; charset=utf-8", b"%E0%A4%A", 400,
+     "Content-Type"),
+    ("multipart-malformed", "multipart/form-data; boundary=xyz", b"--xyz\r\nbroken", 400, "Content-Type"),
     ("unsupported-content-type", "application/octet-stream", b"the cat", 400, "Content-Type"),
     # the classes that once failed a whole batch or gave a 5xx (lone surrogates, floats below float32's range)
     ("surrogate-key", "application/json", b'{"texts": ["a"], "\\ud800": 1}', 400, "'\\ud800'"),
@@ -446,10 +459,7 @@ def _core_cases() -> list[tuple[str, bytes, str, str]]:
     limits = Limits(max_texts=LIMITS["max_texts"], max_chars=LIMITS["max_chars"],
                     max_total_chars=LIMITS["max_total_chars"], max_new_tokens=LIMITS["max_new_tokens"])
     cases = [(name, json.dumps(payload).encode(), "application/json") for name, payload, _ in BAD_PAYLOADS]
-    # form bodies are decoded by TorchServe's frontend before the handler (a bad %-escape gets its own 500: the
-    # known limit in serving/README.md), so the form case is the one core case not sent here
-    cases += [(f"body-{name}", raw, ctype) for name, raw, ctype, _ in BAD_BODIES
-              if isinstance(raw, bytes) and "form" not in ctype]
+    cases += [(f"body-{name}", raw, ctype) for name, raw, ctype, _ in BAD_BODIES if isinstance(raw, bytes)]
     out = []
     for name, body, ctype in cases:
         try:
@@ -480,7 +490,7 @@ def test_seeded_http_fuzz_has_no_5xx_and_the_worker_survives(server):
     from tests.test_service import fuzz_bodies
 
     pid = server.workers()[0]["pid"]
-    bodies = list(fuzz_bodies(4321, 2000, gen_cap=2, form=False))  # form bodies: the frontend's, see above
+    bodies = list(fuzz_bodies(4321, 2000, gen_cap=2))
     deadline = time.monotonic() + 420
 
     def send(item):
@@ -589,13 +599,50 @@ def test_workflow_api_cannot_register_code(server, tmp_path):
 
 
 def test_wrong_methods_are_refused(server):
-    """GET/DELETE/PUT on a predictions URL never run as a scoring request: 4xx, the worker untouched."""
+    """GET/DELETE/PUT/PATCH on a predictions URL never run as a scoring request (TorchServe alone ran them as
+    inference): the front door answers 405 with Allow: POST, even with a body; other paths are 404."""
     pid = server.workers()[0]["pid"]
     headers = {"Authorization": f"Bearer {server.key}"}
-    for method in ("GET", "DELETE", "PUT", "PATCH"):
-        r = server.http.request(method, server.url, headers=headers, timeout=HTTP_TIMEOUT)
-        assert 400 <= r.status_code < 500, (method, r.status_code, r.text)
+    for method in ("GET", "DELETE", "PUT", "PATCH", "OPTIONS"):
+        r = server.http.request(method, server.url, headers=headers, data=b"the cat", timeout=HTTP_TIMEOUT)
+        assert r.status_code == 405 and r.headers["Allow"] == "POST", (method, r.status_code, r.text)
+        assert r.json()["type"] == "MethodNotAllowed"
+    for path in ("/api-description", "/v1/models/default:predict", "/explanations/default", "/metrics"):
+        r = server.http.post(server.inference + path, headers=headers, data=b"{}", timeout=HTTP_TIMEOUT)
+        assert r.status_code == 404 and r.json()["type"] == "NotFound", (path, r.status_code, r.text)
+    assert server.http.post(server.inference + "/ping", headers=headers, timeout=HTTP_TIMEOUT).status_code == 405
     assert server.workers()[0]["pid"] == pid
+
+
+def _raw_exchange(server, data: bytes, wait: float) -> tuple[float, bytes]:
+    """Send ``data`` on a raw socket and read until the server closes: (seconds until closed, what came back)."""
+    with socket.create_connection(("127.0.0.1", server.ports[0]), timeout=wait) as s:
+        s.sendall(data)
+        t0, got = time.monotonic(), b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except ConnectionResetError:
+            pass
+        return time.monotonic() - t0, got
+
+
+def test_slow_clients_are_cut_off(server):
+    """A half-sent request (slowloris) no longer holds its connection open: the front door reads the headers and
+    the body each under the client timeout (3 s here) and drops the connection; TorchServe never sees it, and
+    the server keeps answering meanwhile."""
+    head = (f"POST /predictions/{server.name} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.key}\r\n"
+            "Content-Type: application/json\r\n").encode()
+    seconds, got = _raw_exchange(server, head + b"Content-Length: 100\r\n\r\n{\"texts\": [", wait=30)
+    assert 2.5 < seconds < 10 and b"200 " not in got, (seconds, got[:200])
+    seconds, got = _raw_exchange(server, head, wait=30)  # headers never finished
+    assert 2.5 < seconds < 10 and b"200 " not in got, (seconds, got[:200])
+    assert server.post({"texts": ["the cat"]}).status_code == 200
+    # a well-formed raw request on the same path is answered, and the reply is not held back
+    body = b'{"texts": ["the cat"]}'
+    seconds, got = _raw_exchange(server, head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                                 + body, wait=30)
+    assert got.startswith(b"HTTP/1.1 200") and b'"ppl"' in got and b"ts_stream_next" not in got, got[:300]
 
 
 def test_refresh_keys_and_a_refused_key_explained(server, capsys):
@@ -714,8 +761,10 @@ def test_start_fails_fast_when_the_model_cannot_load(tmp_path):
     assert time.monotonic() - t0 < 100
     assert not (tmp_path / "run" / "server.json").exists()
     for port in ports[:3]:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", port))  # the frontend is gone: its ports are free again
+        with socket.socket() as s:  # the frontend and the front door are gone: nothing listens there any more
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (closed connections may sit in TIME_WAIT)
+            s.bind(("127.0.0.1", port))
+            s.listen()
 
 
 def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch, capsys):

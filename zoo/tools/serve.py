@@ -11,7 +11,12 @@ interpreter (``--python``), the environment where ``zoo`` is importable, so the 
 with the library's own code.
 
 Defaults are the secure ones: 127.0.0.1 only, token authorisation on, no model registration over
-the management API, bounded request sizes. Turning authorisation off is an explicit flag.
+the management API, bounded request sizes, and nginx in front of the inference port (the "front door",
+``serving/nginx.conf``): TorchServe 0.12 has no read timeout, decodes form bodies itself (a bad %-escape
+was its own 500) and runs any HTTP method on /predictions, so nginx reads every request whole under
+timeouts first, passes only ``GET /ping`` and ``POST /predictions/<model>`` with JSON or text bodies to
+TorchServe's own inference port (loopback, a free port), and answers everything else with the service
+core's JSON error shape. Turning authorisation or the front door off is an explicit flag.
 """
 
 from __future__ import annotations
@@ -101,6 +106,13 @@ class ServerConfig:
     grpc_management_port: int = 0
     disable_token_auth: bool = False
     enable_model_api: bool = False
+    #: nginx in front of the inference port (serving/nginx.conf); TorchServe's own inference port is then
+    #: ``backend_port`` on 127.0.0.1 (0 = a free port chosen at start)
+    front_door: bool = True
+    backend_port: int = 0
+    #: seconds a client may take between two reads of its request (header and body), and a third of what it may
+    #: take between two writes of the reply
+    client_timeout: int = 10
     max_request_bytes: int = 1 << 20
     max_response_bytes: int = 16 << 20
     job_queue_size: int = 256
@@ -284,8 +296,11 @@ def java_version() -> int | None:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Whether nothing listens on ``port``. SO_REUSEADDR as the servers bind (nginx, Netty), so connections of a
+    server just stopped, left in TIME_WAIT, do not count (a stop then start would otherwise fail for a minute)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -351,13 +366,18 @@ def model_workers(cfg: ServerConfig, run_dir: Path, name: str) -> list[dict[str,
         return []
 
 
-def wait_ready(cfg: ServerConfig, run_dir: Path, proc, timeout: float) -> None:
-    """Wait (bounded) until /ping is healthy and every model has a READY worker."""
+def wait_ready(cfg: ServerConfig, run_dir: Path, proc, timeout: float, front=None) -> None:
+    """Wait (bounded) until /ping is healthy (through the front door) and every model has a READY worker."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServeError(f"TorchServe exited with status {proc.returncode} during start; "
                              f"see {run_dir / 'logs' / 'server.out'}")
+        if front is not None and front.poll() is not None:
+            log = run_dir / "logs" / "front_error.log"
+            last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+            raise ServeError(f"the front door (nginx) exited with status {front.returncode} during start"
+                             f"{': ' + last[0] if last else ''} (see {log})")
         failure = _load_failure(run_dir)
         if failure:
             raise ServeError(f"{failure} (see {run_dir / 'logs' / 'model_log.log'})")
@@ -390,8 +410,16 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
         if not getattr(cfg, attr):
             setattr(cfg, attr, _free_port(cfg.host, avoid={cfg.inference_port, cfg.management_port,
                                                           cfg.metrics_port, cfg.grpc_inference_port}))
+    if cfg.front_door:
+        if cfg.client_timeout < 1:
+            raise ServeError("--client-timeout must be >= 1")
+        _nginx()  # say so before building anything when it is missing
+        if not cfg.backend_port:
+            cfg.backend_port = _free_port("127.0.0.1", avoid={cfg.inference_port, cfg.management_port,
+                                                             cfg.metrics_port, cfg.grpc_inference_port,
+                                                             cfg.grpc_management_port})
     ports = [cfg.inference_port, cfg.management_port, cfg.metrics_port, cfg.grpc_inference_port,
-             cfg.grpc_management_port]
+             cfg.grpc_management_port] + ([cfg.backend_port] if cfg.front_door else [])
     if len(set(ports)) != len(ports):
         raise ServeError(f"the inference, management, metrics and gRPC ports must differ (got {ports})")
     for port in ports:
@@ -416,8 +444,10 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
     cfg.models = dict(models)
     (run_dir / KEY_FILE).unlink(missing_ok=True)
     metrics_cfg = shutil.copy(SERVING_DIR / "metrics.yaml", run_dir / "metrics.yaml")
+    ts_inference = (f"http://127.0.0.1:{cfg.backend_port}" if cfg.front_door else cfg.url("inference"))
     conf = _render(SERVING_DIR / "config.properties", run_dir / "config.properties", {
-        **asdict(cfg), "model_store": store, "metrics_config": metrics_cfg, "workflow_store": _no_workflows(run_dir),
+        **asdict(cfg), "ts_inference_address": ts_inference, "model_store": store, "metrics_config": metrics_cfg,
+        "workflow_store": _no_workflows(run_dir),
         "load_models": ",".join(f"{n}={n}.mar" for n in names),
         "response_timeout": (options or ArchiveOptions()).response_timeout})
     import ts
@@ -434,20 +464,68 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
     if cfg.enable_model_api:
         cmd.append("--enable-model-api")
     env = dict(os.environ, LOG_LOCATION=str(logs), METRICS_LOCATION=str(logs), TEMP=str(tmp))
+    front = _start_front_door(cfg, run_dir, logs, (options or ArchiveOptions()).response_timeout) \
+        if cfg.front_door else None
     with open(logs / "server.out", "ab") as out:
         proc = subprocess.Popen(cmd, cwd=run_dir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
-    state = {"pid": proc.pid, "run_dir": str(run_dir), "started": time.time(), "config": asdict(cfg),
+    state = {"pid": proc.pid, "front_pid": front.pid if front else None,
+             "run_dir": str(run_dir), "started": time.time(), "config": asdict(cfg),
              "logs": str(logs), "key_file": None if cfg.disable_token_auth else str(run_dir / KEY_FILE),
              "inference": cfg.url("inference"), "management": cfg.url("management"), "metrics": cfg.url("metrics"),
              "python": sys.executable, "tmp_dir": str(tmp)}
     (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
     try:
-        wait_ready(cfg, run_dir, proc, timeout)
+        wait_ready(cfg, run_dir, proc, timeout, front)
     except BaseException:
         stop_server(run_dir)
         raise
     return state
+
+
+def _nginx() -> str:
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
+                                           if os.access(p, os.X_OK)), None)
+    if not found:
+        raise ServeError("the front door needs nginx: run `make system-deps` or `apt-get install nginx-light` "
+                         "(or start with --no-front-door, without its read timeouts and request filtering)")
+    return found
+
+
+def _start_front_door(cfg: ServerConfig, run_dir: Path, logs: Path, response_timeout: int):
+    """nginx on the public inference address, forwarding to TorchServe's inference port on loopback."""
+    front = run_dir / "front"
+    shutil.rmtree(front, ignore_errors=True)
+    front.mkdir(parents=True)
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    conf = _render(SERVING_DIR / "nginx.conf", front / "nginx.conf", {
+        "front_dir": front, "logs": logs, "listen": f"{host}:{cfg.inference_port}",
+        "backend": f"127.0.0.1:{cfg.backend_port}", "client_timeout": cfg.client_timeout,
+        "send_timeout": 3 * cfg.client_timeout, "upstream_timeout": response_timeout + 10,
+        "max_request_bytes": cfg.max_request_bytes,
+        # as root, nginx would run its worker as `nobody`, which cannot reach a private run dir
+        "user_directive": "user root;" if os.geteuid() == 0 else ""})
+    with open(logs / "front.out", "ab") as out:
+        return subprocess.Popen([_nginx(), "-p", str(front), "-c", str(conf), "-e", str(logs / "front_error.log")],
+                                cwd=run_dir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def front_process(state: dict[str, Any] | None):
+    """The live nginx master recorded in ``state`` (started with this run dir's config), or None."""
+    import psutil
+
+    if not state or not state.get("front_pid"):
+        return None
+    try:
+        proc = psutil.Process(int(state["front_pid"]))
+        # nginx rewrites its process title ("nginx: master process <its command line>"): match within it
+        if str(Path(state["run_dir"]) / "front" / "nginx.conf") in " ".join(proc.cmdline()) \
+                and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except (psutil.Error, ValueError, KeyError):
+        return None
+    return None
 
 
 def _java() -> str:
@@ -462,7 +540,15 @@ def stop_server(run_dir: Path, timeout: float = 30.0) -> bool:
 
     state = read_state(run_dir)
     proc = server_process(state)
+    front = front_process(state)
     stopped = False
+    if front is not None:  # the front door first: no new requests while TorchServe stops
+        front.send_signal(signal.SIGTERM)  # nginx's fast shutdown
+        try:
+            front.wait(timeout=timeout)
+        except psutil.TimeoutExpired:
+            front.kill()
+        stopped = True
     if proc is not None:
         children = proc.children(recursive=True)
         proc.send_signal(signal.SIGTERM)
@@ -505,6 +591,9 @@ def _describe(info: dict[str, Any]) -> str:
     lines = [f"TorchServe running (pid {info['pid']}) from {info['run_dir']}",
              f"  inference   {info['inference']}/predictions/<model>   (health: {info.get('health', 'Healthy')})",
              f"  management  {info['management']}   metrics {info['metrics']}/metrics",
+             "  front door  " + (f"nginx (pid {info['front_pid']}) -> TorchServe on 127.0.0.1:{cfg['backend_port']}; "
+                                  f"client timeout {cfg['client_timeout']} s" if info.get("front_pid")
+                                  else "OFF (--no-front-door): TorchServe answers the inference port itself"),
              f"  models      {', '.join(cfg['models'])}",
              f"  logs        {info['logs']}"]
     if info["key_file"]:
@@ -542,7 +631,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                        metrics_port=args.metrics_port, worker_port=args.worker_port or 0,
                        grpc_inference_port=args.grpc_inference_port, grpc_management_port=args.grpc_management_port,
                        disable_token_auth=args.disable_token_auth, enable_model_api=args.enable_model_api,
-                       max_request_bytes=args.max_request_bytes, token_expiration_min=args.token_expiration_min)
+                       max_request_bytes=args.max_request_bytes, token_expiration_min=args.token_expiration_min,
+                       front_door=args.front_door, client_timeout=args.client_timeout)
     print(f"starting TorchServe with {', '.join(f'{n} ({s})' for n, s in models)}; waiting for /ping "
           f"(up to {args.timeout:.0f} s) ...", flush=True)
     start_server(models, run_dir, cfg, _options(args), build=not args.no_build, timeout=args.timeout)
@@ -613,6 +703,11 @@ def add(subparsers) -> None:
     sp.add_argument("--run-dir", help=run_dir_help)
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     sp.add_argument("--inference-port", type=int, default=8080)
+    sp.add_argument("--no-front-door", dest="front_door", action="store_false",
+                    help="serve the inference port with TorchServe itself, without nginx in front (no read "
+                         "timeouts, form bodies decoded by TorchServe, any method on /predictions)")
+    sp.add_argument("--client-timeout", type=int, default=ServerConfig.client_timeout,
+                    help="front door: seconds a client may take between two reads of its request")
     sp.add_argument("--management-port", type=int, default=8081)
     sp.add_argument("--metrics-port", type=int, default=8082)
     sp.add_argument("--worker-port", type=int, help="base of the worker socket numbers (default: from the "
