@@ -23,9 +23,10 @@ tolerance).
 
 Generation never holds scoring up: the archive runs with TorchServe's continuous batching
 (``continuousBatching: true``), so a generation is not computed in one go but advanced a time slice at a
-time (``gen_slice_ms`` of the handler config, shared round-robin by the generations in progress), and the
-frontend hands the worker the new requests that arrived meanwhile together with the generations still
-running. A score request therefore waits for at most one slice of generation, not for whole generations
+time (``gen_slice_ms`` of the handler config, shared round-robin by the generations in progress; one token
+each when the call also carries other replies), and the frontend hands the worker the new requests that
+arrived meanwhile together with the generations still running. A score request therefore waits for at most
+one slice of generation, not for whole generations
 (measured by ``benchmarks/serving.py``'s mixed load). Each handler call answers every request of its batch:
 finished ones with their reply (``ts_stream_next: false``), running generations with their next chunk
 (``ts_stream_next: true``): NDJSON lines when streamed, nothing until the whole JSON reply otherwise.
@@ -190,7 +191,10 @@ class ZooService:
         if jobs:
             self._score(list(jobs), jobs, out, context)
         if gens:
-            chunks = self._advance(gens)
+            # Replies waiting on this call (scores, errors, closing chunks) leave as soon as every generation has
+            # made one step; only a call that carries nothing but generations spends the whole slice on them.
+            urgent = len(gens) < n
+            chunks = self._advance(gens, 0.0 if urgent else self.gen_slice_s)
             for i, g in gens.items():
                 out[i] = self._generation_chunk(context, i, g, chunks[i], first=i in fresh)
                 if g.done:
@@ -225,12 +229,13 @@ class ZooService:
                      1000 * (time.perf_counter() - started))
         return out
 
-    def _advance(self, gens: dict[int, Generation]) -> dict[int, list[str]]:
-        """Advance the running generations round-robin, one token each per round, for one time slice (every
-        one gets at least one token per call, so each makes progress whatever the slice)."""
+    @staticmethod
+    def _advance(gens: dict[int, Generation], budget_s: float) -> dict[int, list[str]]:
+        """Advance the running generations round-robin, one token each per round, for ``budget_s`` seconds
+        (every one gets at least one token per call, so each makes progress whatever the budget)."""
         chunks: dict[int, list[str]] = {i: [] for i in gens}
         live = [i for i, g in gens.items() if not g.done]
-        deadline = time.perf_counter() + self.gen_slice_s
+        deadline = time.perf_counter() + budget_s
         while live:
             for i in live:
                 piece = gens[i].advance()
