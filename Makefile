@@ -69,7 +69,7 @@ demo: venv
 	GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 $(PY) app.py --port $(PORT)
 
 test: venv olah system-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 lint: venv
 	$(VENV)/bin/ruff check .
