@@ -12,10 +12,11 @@ PORT ?= $(or $(GRADIO_SERVER_PORT),7860)
 TORCH_PIN := torch==2.13.0
 CONSTRAINTS := $(VENV)/constraints.txt
 # The checkout's folders, given to the library through the environment of this venv's interpreter (a .pth file):
-# the library itself assumes no repository layout. Also the lm_eval hook's .pth (`lm_eval --model zoo`), which
-# the wheel installs itself but an editable install does not carry (see setup.py).
+# the library itself assumes no repository layout. Also the lm_eval hook (`lm_eval --model zoo`): its module and
+# .pth, which the wheel installs at the root of site-packages but an editable install does not carry (see
+# zoo/tools/wheel_build.py), linked there so that the venv runs the checkout's sources.
 CHECKOUT_STAMP := $(VENV)/.checkout-stamp
-HOOK_PTH := alstm_zoo_lm_eval_hook.pth
+HOOK_FILES := zoo/tools/lm_eval_hook/alstm_zoo_lm_eval_hook.py zoo/tools/lm_eval_hook/alstm_zoo_lm_eval_hook.pth
 DATA_DIR ?= $(abspath ../shared/data)
 
 .PHONY: demo test venv system-deps olah lint bench clean help
@@ -35,11 +36,11 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/zoo build-ext || echo "(the C++ inference loops did not build: the Python loops will be used)"
 	touch $(STAMP)
 
-$(CHECKOUT_STAMP): $(STAMP) Makefile $(HOOK_PTH)
+$(CHECKOUT_STAMP): $(STAMP) Makefile $(HOOK_FILES)
 	purelib="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && \
 	echo 'import os; os.environ.setdefault("ZOO_DATA_DIR", "$(DATA_DIR)"); os.environ.setdefault("ZOO_EXPORTS_DIR", "$(CURDIR)/exports/out")' \
 		> "$$purelib/zoo_checkout.pth" && \
-	cp $(HOOK_PTH) "$$purelib/$(HOOK_PTH)"
+	for f in $(HOOK_FILES); do ln -sfn "$(CURDIR)/$$f" "$$purelib/$$(basename $$f)" || exit 1; done
 	touch $@
 
 venv: $(STAMP) $(CHECKOUT_STAMP)

@@ -20,6 +20,9 @@ from zoo.data import load_corpus, resolve_data_dir  # noqa: E402
 from zoo.tokenizer import Tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+#: The start-up hook's sources (checkout tooling); the wheel, and the checkout's .venv, have them at the root of
+#: site-packages under the same names.
+HOOK_DIR = REPO / "zoo" / "tools" / "lm_eval_hook"
 MODEL = "alstm-ptb-5m-light"
 TASKS = ("zoo_ptb_test", "zoo_ptb_valid", "zoo_ptb_test_lines", "zoo_wikitext2_test", "zoo_wikitext2_valid",
          "zoo_wikitext2_test_lines")
@@ -244,7 +247,7 @@ def test_zoo_imports_without_lm_eval():
     assert "alstm-zoo[lm-eval]" in proc.stdout
 
 
-# -- the start-up hook behind the stock `lm_eval --model zoo` (alstm_zoo_lm_eval_hook.py) -------------------------
+# -- the start-up hook behind the stock `lm_eval --model zoo` (zoo/tools/lm_eval_hook/) ---------------------------
 def _python(code: str, **env: str) -> dict:
     """Run ``code`` in a fresh interpreter of this venv (its .pth files run at start-up) and return the JSON it
     prints last."""
@@ -259,12 +262,17 @@ _HEAVY = "sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lm_eval', '
 
 def test_hook_is_installed_at_start_up_and_imports_nothing_heavy():
     """The venv's .pth has imported the hook before any user code, and all it loaded is a meta-path finder:
-    neither torch nor lm_eval nor zoo is imported at start-up."""
-    got = _python("import json, sys\nstarted = 'alstm_zoo_lm_eval_hook' in sys.modules\n"
+    neither torch nor lm_eval nor zoo is imported at start-up. The module is the one at the root of site-packages,
+    as a wheel installs it, and there it is the checkout's source (`make venv` links both files)."""
+    got = _python("import json, sys, sysconfig\nstarted = 'alstm_zoo_lm_eval_hook' in sys.modules\n"
                   f"heavy = {_HEAVY}\nimport alstm_zoo_lm_eval_hook as h\n"
                   "print(json.dumps({'started': started, 'heavy': heavy, 'file': h.__file__, "
+                  "'site': sysconfig.get_paths()['purelib'], "
                   "'finders': sum(isinstance(f, h.Finder) for f in sys.meta_path)}))")
-    assert got == {"started": True, "heavy": [], "file": str(REPO / "alstm_zoo_lm_eval_hook.py"), "finders": 1}
+    site = Path(got.pop("site"))
+    assert got == {"started": True, "heavy": [], "file": str(site / "alstm_zoo_lm_eval_hook.py"), "finders": 1}
+    for name in ("alstm_zoo_lm_eval_hook.py", "alstm_zoo_lm_eval_hook.pth"):
+        assert (site / name).resolve() == HOOK_DIR / name, f"{site / name} is not the checkout's: run `make venv`"
 
 
 def test_hook_registers_zoo_and_the_harness_keeps_its_own_models():
@@ -296,7 +304,7 @@ def test_hook_opt_out():
 def test_hook_pth_is_silent_without_its_module(tmp_path):
     """A .pth left behind by an uninstalled package (the checkout's copy is not in the wheel's RECORD) must not
     print errors at every start-up: its line is a no-op when the module cannot be imported."""
-    (tmp_path / "alstm_zoo_lm_eval_hook.pth").write_bytes((REPO / "alstm_zoo_lm_eval_hook.pth").read_bytes())
+    (tmp_path / "alstm_zoo_lm_eval_hook.pth").write_bytes((HOOK_DIR / "alstm_zoo_lm_eval_hook.pth").read_bytes())
     code = (f"import sys, site\nsys.modules['alstm_zoo_lm_eval_hook'] = None\nsite.addsitedir({str(tmp_path)!r})\n"
             "print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)

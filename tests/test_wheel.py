@@ -54,12 +54,30 @@ def test_wheel_holds_the_library_only(wheel):
     assert not [n for n in names if n.endswith((".safetensors", ".png"))]
     assert {"zoo/__init__.py", "zoo/catalog.json", "zoo/cli.py", "zoo/recipes/alstm-ptb-5m-light.toml",
             "zoo/models/csrc/alstm_infer.cpp", "alstm_zoo_lm_eval_hook.py", "alstm_zoo_lm_eval_hook.pth"} <= set(names)
-    # the `lm_eval --model zoo` hook: its .pth at the root of site-packages, as in the source tree (setup.py)
-    pth = zipfile.ZipFile(wheel).read("alstm_zoo_lm_eval_hook.pth")
-    assert pth == (REPO / "alstm_zoo_lm_eval_hook.pth").read_bytes()
+    # the `lm_eval --model zoo` hook at the root of site-packages: its module and .pth as in the checkout tooling's
+    # folder (build_py of zoo/tools/wheel_build.py copies them there)
+    for name in ("alstm_zoo_lm_eval_hook.py", "alstm_zoo_lm_eval_hook.pth"):
+        assert zipfile.ZipFile(wheel).read(name) == (REPO / "zoo/tools/lm_eval_hook" / name).read_bytes()
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     torch_reqs = [line for line in meta.splitlines() if re.match(r"Requires-Dist: torch\b(?![-\w])", line)]
     assert torch_reqs == ["Requires-Dist: torch>=2.4"]  # beside the user's own torch; the pin is the checkout's
+
+
+@pytest.mark.slow
+def test_a_wheel_built_from_the_sdist_is_the_same(wheel, tmp_path):
+    """The sdist carries what its own build needs although none of it is a package of the distribution: the
+    build_py of zoo/tools/wheel_build.py (pyproject's cmdclass) and the hook's sources it copies."""
+    src = _source_copy(tmp_path / "src")
+    res = subprocess.run([sys.executable, "-c", "import sys\nfrom setuptools import build_meta\n"
+                          "build_meta.build_sdist(sys.argv[1])", str(tmp_path / "sdist")],
+                         cwd=src, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (sdist,) = (tmp_path / "sdist").glob("alstm_zoo-*.tar.gz")
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path / "dist"), str(sdist)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (whl,) = (tmp_path / "dist").glob("alstm_zoo-*.whl")
+    assert sorted(zipfile.ZipFile(whl).namelist()) == sorted(zipfile.ZipFile(wheel).namelist())
 
 
 @pytest.fixture(scope="module")

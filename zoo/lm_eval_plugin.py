@@ -7,10 +7,11 @@ zoo's task folder (:data:`TASKS_DIR`, printed by ``zoo-lm-eval --tasks-dir``)::
         --include_path "$(zoo-lm-eval --tasks-dir)"
 
 How ``lm_eval`` finds ``--model zoo``: lm_eval 0.4.x has no entry point group for models, but its registry takes
-lazy ``"module:Object"`` placeholders. The wheel installs a ``.pth`` file whose start-up hook
-(``alstm_zoo_lm_eval_hook``: no torch, lm_eval or zoo import) adds the placeholder ``zoo`` ->
-``zoo.lm_eval_plugin:ZooLM`` right after the harness imports ``lm_eval.models``; this module is imported only when
-the harness asks for the model (``ALSTM_ZOO_NO_LM_EVAL_HOOK=1`` turns the hook off).
+lazy ``"module:Object"`` placeholders. The wheel installs a ``.pth`` file whose start-up hook (the top-level module
+``alstm_zoo_lm_eval_hook``: no torch, lm_eval or zoo import; both files are kept in the checkout's
+``zoo/tools/lm_eval_hook/``) adds the placeholder ``zoo`` -> ``zoo.lm_eval_plugin:ZooLM`` right after the harness
+imports ``lm_eval.models``; this module is imported only when the harness asks for the model
+(``ALSTM_ZOO_NO_LM_EVAL_HOOK=1`` turns the hook off).
 
 ``zoo-lm-eval`` (also ``python -m zoo.lm_eval_plugin``) is the same harness command line (``lm_eval``'s own
 ``cli_evaluate``, every flag as documented by the harness) with two additions made before it parses anything:

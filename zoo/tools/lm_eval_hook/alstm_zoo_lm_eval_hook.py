@@ -7,8 +7,12 @@ backends. Nothing from another package runs on the way. What the registry does a
 (``model_registry.register("zoo", target="zoo.lm_eval_plugin:ZooLM")``), materialised on first use, and
 ``register_model`` later upgrades that placeholder to the concrete class.
 
-How: the wheel installs ``alstm_zoo_lm_eval_hook.pth`` at the root of site-packages (the checkout's Makefile copies
-the same file into ``.venv``), and Python runs its ``import`` line at start-up. The import puts :class:`Finder` on
+Where: this file and ``alstm_zoo_lm_eval_hook.pth`` are kept with the checkout tooling (``zoo/tools/lm_eval_hook/``,
+not a package of the wheel); the wheel's ``build_py`` (``zoo/tools/wheel_build.py``) puts both at the root of
+site-packages, and in the checkout ``make venv`` links both into ``.venv``'s site-packages. It is always imported
+as the top-level module ``alstm_zoo_lm_eval_hook``, never as part of ``zoo.tools``.
+
+How: Python runs the ``.pth``'s ``import`` line at start-up. The import puts :class:`Finder` on
 ``sys.meta_path``. It answers for one module only, ``lm_eval.models``: it lets the other finders locate it, then
 wraps their loader so that right after the module has executed, the placeholder for ``zoo`` is added (if no ``zoo``
 is registered yet). The hook is on ``lm_eval.models`` and not on ``lm_eval.api.registry`` on purpose: a registry that
