@@ -19,16 +19,26 @@ from zoo.train import Recipe, Trainer
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    """The first lines of the real PTB splits: a small corpus with the real format."""
+def _ptb_head(root: Path, lines_per_split: dict[str, int]) -> Path:
     src = resolve_data_dir(None)
-    root = tmp_path_factory.mktemp("data")
     (root / "ptb").mkdir()
-    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
+    for split, n in lines_per_split.items():
         lines = (src / "ptb" / f"{split}.txt").read_text().splitlines(keepends=True)[:n]
         (root / "ptb" / f"{split}.txt").write_text("".join(lines))
     return root
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    """The first lines of the real PTB splits: a small corpus with the real format."""
+    return _ptb_head(tmp_path_factory.mktemp("data"), {"train": 300, "valid": 40, "test": 40})
+
+
+@pytest.fixture(scope="module")
+def kill_data(tmp_path_factory) -> Path:
+    """A third of ``tiny_data`` (about 45 steps per epoch): the kill/resume tests train each run three times over
+    two epochs, and resuming needs steps on both sides of the interruption and an epoch boundary, not many."""
+    return _ptb_head(tmp_path_factory.mktemp("kill-data"), {"train": 100, "valid": 20, "test": 20})
 
 
 def write_recipe(path: Path, arch: str = "alstm", optimizer: str = "adam", epochs: int = 2, dropout: float = 0.1,
@@ -124,11 +134,11 @@ def kill_resume_and_compare(tmp_path: Path, base: list[str], every: int = 3, aft
 
 
 @pytest.mark.parametrize("signal_name", ["TERM", "INT"])
-def test_sigterm_or_ctrl_c_checkpoints_and_resume_loses_nothing(tmp_path, tiny_data, signal_name):
+def test_sigterm_or_ctrl_c_checkpoints_and_resume_loses_nothing(tmp_path, kill_data, signal_name):
     """No periodic checkpoint: the one the signal handler writes mid-epoch is all the resume has. The interrupted
     run was itself started with --resume and nothing to resume, which it says."""
     recipe = write_recipe(tmp_path / "r.toml", epochs=2)
-    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu"]
+    base = ["train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu"]
     _, stopped = kill_resume_and_compare(tmp_path, base, every=0, after=7, signal_name=signal_name,
                                          extra=("--resume",))
     assert "nothing to resume" in stopped.stderr
@@ -140,9 +150,9 @@ def test_sigterm_or_ctrl_c_checkpoints_and_resume_loses_nothing(tmp_path, tiny_d
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_kill_and_resume_matches_uninterrupted(tmp_path, tiny_data, precision):
+def test_kill_and_resume_matches_uninterrupted(tmp_path, kill_data, precision):
     recipe = write_recipe(tmp_path / "r.toml", epochs=2)
-    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu", "--precision", precision]
+    base = ["train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--precision", precision]
     kill_resume_and_compare(tmp_path, base)
     la = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines() if '"valid_ppl"' in x]
     lb = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines() if '"valid_ppl"' in x]
