@@ -308,11 +308,11 @@ def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def test_tensorboard_logging_with_the_jsonl_log_as_record(tmp_path, tiny_data):
+def test_tensorboard_logging_with_the_jsonl_log_as_record(tmp_path, kill_data):
     """`zoo train --log-to tensorboard`: step-level loss and lr every N steps, epoch validation equal to log.jsonl;
     after a SIGTERM and --resume the curves continue without a step written twice."""
     recipe = write_recipe(tmp_path / "r.toml", epochs=2)
-    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--device", "cpu", "--log-to", "tensorboard",
+    base = ["train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--log-to", "tensorboard",
             "--log-every-steps", "5", "--run-dir", str(tmp_path / "run")]
     stopped = zoo(*base, "--crash-after-steps", "12", "--crash-signal", "TERM")
     assert stopped.returncode == 128 + 15, stopped.stderr[-2000:]
