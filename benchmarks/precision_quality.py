@@ -1,5 +1,7 @@
-"""Equal quality of bf16 training: the PTB tier's aLSTM and LSTM recipes trained for 2 epochs from the same seed
-in fp32 and in bf16, and their validation perplexity compared (the training-compute issue asks for within 1%).
+"""Equal quality of bf16 training: recipes trained for 2 epochs from the same seed in fp32 and in bf16, and their
+validation metric compared (the training-compute issue asks for within 1%): by default the PTB tier's aLSTM and
+LSTM (perplexity); ``--recipes`` checks others, e.g. the character-level cells before a char tier trains in bf16
+(bits per character, the corpus's metric from zoo.datasets).
 
 Each run is a real ``zoo train`` of the recipe (copied as ``RECIPE-P`` with ``precision = "P"``) for 2 epochs into
 ``runs/precision-quality/RECIPE-P``, two at a time (``--jobs 2``: one thread each), resumable: an interrupted check
@@ -8,6 +10,8 @@ scored in float32 for both precisions (as the trainer always does), so only the 
 The lr schedule of the recipes cuts after epoch 6, so epochs 1-2 run at the recipes' full lr here as in the tier.
 
     python benchmarks/precision_quality.py        # ~1 core-hour on an AMD EPYC, about twice that where bf16 is slow
+    python benchmarks/precision_quality.py --recipes hyperlstm-ln-ptbchar-1.5m alstm-ptbchar-1.5m --epochs 1 \
+        --out benchmarks/results/precision_quality_char.json
 
 Writes ``benchmarks/results/precision_quality.{json,md}`` and regenerates the README.
 """
@@ -20,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from zoo.datasets import get_dataset
 from zoo.train import recipe_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,12 +38,12 @@ def run_dir(root: Path, recipe: str, precision: str) -> Path:
     return root / f"{recipe}-{precision}"
 
 
-def train_all(root: Path, epochs: int, jobs: int) -> None:
+def train_all(root: Path, epochs: int, jobs: int, recipes: list[str]) -> None:
     """Every (recipe, precision) run to completion through ``zoo train ... --jobs``: each recipe copied under a name
     that says its precision, with ``precision`` set (bf16 first: the longest runs start first)."""
     todo = []
     for prec in reversed(PRECISIONS):
-        for recipe in RECIPES:
+        for recipe in recipes:
             if (run_dir(root, recipe, prec) / "eval.json").is_file():
                 continue
             text = recipe_path(recipe).read_text(encoding="utf-8")
@@ -55,16 +60,20 @@ def train_all(root: Path, epochs: int, jobs: int) -> None:
             raise SystemExit(f"a run failed (see {root}/*/stdout.log)")
 
 
-def collect(root: Path) -> list[dict]:
+def collect(root: Path, recipes: list[str]) -> list[dict]:
     rows = []
-    for recipe in RECIPES:
+    for recipe in recipes:
         for prec in PRECISIONS:
             d = run_dir(root, recipe, prec)
             log = [json.loads(x) for x in (d / "log.jsonl").read_text().splitlines()]
             epochs = [r for r in log if "valid_ppl" in r]
             ev = json.loads((d / "eval.json").read_text())
+            metric = get_dataset(ev["recipe"]["dataset"]).metric
+            # bits per character: every symbol of a character corpus is one token
+            valid = ev["valid"]["ppl"] if metric == "perplexity" else ev["valid"]["bits_per_token"]
             rows.append({"recipe": recipe, "precision": prec, "valid_ppl_by_epoch": [r["valid_ppl"] for r in epochs],
-                         "train_ppl_by_epoch": [r["train_ppl"] for r in epochs],
+                         "train_ppl_by_epoch": [r["train_ppl"] for r in epochs], "metric": metric,
+                         "valid": valid, "epochs": len(epochs),
                          "valid_ppl": ev["valid"]["ppl"], "train_seconds": ev["train_seconds"],
                          "device": ev["device"], "seed": ev["recipe"]["seed"],
                          "tokens_per_s": [r["tokens_per_s"] for r in epochs]})
@@ -73,14 +82,19 @@ def collect(root: Path) -> list[dict]:
 
 def markdown(rows: list[dict], cpu: str) -> str:
     by = {(r["recipe"], r["precision"]): r for r in rows}
-    lines = [f"Equal quality ({cpu}; 2 epochs from the same seed, validation perplexity of the best epoch, scored "
-             "in fp32; train tok/s of the last epoch, two runs sharing the two cores):", "",
-             "| recipe | fp32 valid ppl | bf16 valid ppl | relative difference | within 1% | "
-             "fp32 train tok/s | bf16 train tok/s |", "|---|---:|---:|---:|---|---:|---:|"]
-    for recipe in RECIPES:
+    recipes = list(dict.fromkeys(r["recipe"] for r in rows))
+    epochs = sorted({r.get("epochs", 2) for r in rows})
+    lines = [f"Equal quality ({cpu}; {'/'.join(map(str, epochs))} epoch(s) from the same seed, validation metric of "
+             "the best epoch, scored in fp32; train tok/s of the last epoch, two runs sharing the two cores):", "",
+             "| recipe | metric | fp32 valid | bf16 valid | relative difference | within 1% | "
+             "fp32 train tok/s | bf16 train tok/s |", "|---|---|---:|---:|---:|---|---:|---:|"]
+    for recipe in recipes:
         a, b = by[(recipe, "fp32")], by[(recipe, "bf16")]
-        diff = b["valid_ppl"] / a["valid_ppl"] - 1
-        lines.append(f"| {recipe} | {a['valid_ppl']:.2f} | {b['valid_ppl']:.2f} | {diff:+.2%} | "
+        va, vb = a.get("valid", a["valid_ppl"]), b.get("valid", b["valid_ppl"])
+        diff = vb / va - 1
+        metric = "bits/char" if a.get("metric") == "bits_per_char" else "perplexity"
+        lines.append(f"| {recipe} | {metric} | {va:.{3 if metric == 'bits/char' else 2}f} | "
+                     f"{vb:.{3 if metric == 'bits/char' else 2}f} | {diff:+.2%} | "
                      f"{'yes' if abs(diff) <= TOLERANCE else '**no**'} | {a['tokens_per_s'][-1]:,.0f} | "
                      f"{b['tokens_per_s'][-1]:,.0f} |")
     return "\n".join(lines) + "\n"
@@ -89,13 +103,14 @@ def markdown(rows: list[dict], cpu: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=str(REPO / "runs" / "precision-quality"))
+    ap.add_argument("--recipes", nargs="+", default=RECIPES, help="recipes to check (default: %(default)s)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "precision_quality.json"))
     args = ap.parse_args()
     root = Path(args.root)
-    train_all(root, args.epochs, args.jobs)
-    rows = collect(root)
+    train_all(root, args.epochs, args.jobs, args.recipes)
+    rows = collect(root, args.recipes)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from precision import cpu_name
 
