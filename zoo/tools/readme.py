@@ -33,6 +33,7 @@ BENCHMARKS = [
     ("cells.md", "Cell speed (training and scoring tokens/s relative to the fused `nn.LSTM`)"),
     ("precision.md", "Training precision: fp32 vs bf16, the two-core layout, bf16 inference"),
     ("precision_quality.md", "Training precision: equal quality of bf16 (2 epochs, same seed)"),
+    ("precision_quality_char.md", "Training precision: equal quality of bf16 for the character-level cells"),
     ("backends.md", "Inference backends (eager vs TorchScript vs ONNX Runtime)"),
     ("quantization.md", "int8 ONNX quantisation"),
     ("serving.md", "TorchServe under load"),
