@@ -217,4 +217,18 @@ def test_a_char_tier_plots_bits_per_character(runs, tmp_path):
 
     with mock.patch("zoo.tools.plots.plot_curves", side_effect=lambda logs, out, *a, **k: out) as plot:
         tiers.write(rep, tmp_path / "out", tmp_path / "out")
-    assert plot.call_args.kwargs["metric"] == "valid_bpc"
+    assert plot.call_args.kwargs["metric"] == "valid_bpc" and plot.call_args.kwargs["layout"] == "time"
+
+
+def test_the_pnorm_tier_draws_the_papers_figure_4_layout(runs, tmp_path):
+    """The p-norm tier asks (tiers.toml `curve`) for the paper's Fig. 4 panels: training loss and validation bpc by
+    epoch; the figure is drawn from the runs' logs, and an unknown layout is refused."""
+    from zoo.tools import plots
+
+    assert tiers.load_tiers()["pnorm-ptbchar-sentences"]["curve"] == "train_valid"
+    rep = tiers.compare("t", runs, {"t": dict(TIERS["t"], dataset="ptb-char", curve="train_valid")})
+    assert rep["curve"] == "train_valid"
+    paths = tiers.write(rep, tmp_path / "out", tmp_path / "fig")
+    assert paths[-1].name == "t-tier-curve.png" and paths[-1].stat().st_size > 1000
+    with pytest.raises(ValueError, match="unknown curve layout 'fig4'"):
+        plots.plot_curves([runs / "a"], tmp_path / "x.png", layout="fig4")

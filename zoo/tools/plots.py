@@ -44,11 +44,19 @@ def value(rec: dict, metric: str) -> float:
     return rec["valid_loss"] / math.log(2) if metric == "valid_bpc" else rec[metric]
 
 
+#: Panel layouts: ``time``: ``metric`` by epoch and by cumulative training minutes (speed and quality together);
+#: ``train_valid``: the training loss and ``metric`` both by epoch (the p-norm paper's Fig. 4: how fast each
+#: variant learns, on the training set and on validation).
+LAYOUTS = ("time", "train_valid")
+
+
 def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", metric: str = "valid_ppl",
-                labels: list[str] | None = None) -> Path:
-    """Two panels: ``metric`` by epoch and by cumulative training minutes, one line per run. ``labels``
-    (one per run) replace the run names, e.g. to say where each was trained when a tier mixes hardware:
-    the minutes are then only comparable between runs on the same device."""
+                labels: list[str] | None = None, layout: str = "time") -> Path:
+    """Two panels (``layout``, see :data:`LAYOUTS`), one line per run. ``labels`` (one per run) replace the run
+    names, e.g. to say where each was trained when a tier mixes hardware: the minutes are then only comparable
+    between runs on the same device."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown curve layout {layout!r}: one of {', '.join(LAYOUTS)}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,6 +65,8 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     names = labels if labels is not None else [run_label(run) for run in run_dirs]
     logs = [(name, recs) for run, name in zip(run_dirs, names, strict=True) if (recs := read_log(run))]
+    if layout == "train_valid":
+        return _plot_train_valid(fig, (ax1, ax2), logs, out, title, metric)
     lo = min((value(r, metric) for _, recs in logs for r in recs), default=1.0)
     hi = max((value(r, metric) for _, recs in logs for r in recs), default=1.0)
     top = min(hi, lo * SCALE_LIMIT)
@@ -91,6 +101,33 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
     return out
 
 
+def _plot_train_valid(fig, axes, logs: list[tuple[str, list[dict]]], out: str | Path, title: str,
+                      metric: str) -> Path:
+    """Training loss (nats per token, as logged) and ``metric`` by epoch, one line per run, linear axes."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    ax1, ax2 = axes
+    for label, recs in logs:
+        epochs = [r["epoch"] for r in recs]
+        ax1.plot(epochs, [r["train_loss"] for r in recs], marker="o", ms=3, label=label)
+        ax2.plot(epochs, [value(r, metric) for r in recs], marker="o", ms=3, label=label)
+    ax1.set(xlabel="epoch", ylabel="training loss (nats per symbol)")
+    ax2.set(xlabel="epoch", ylabel=YLABELS.get(metric, metric))
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax1.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run directories holding log.jsonl, or log files")
@@ -98,8 +135,11 @@ def main() -> None:
     ap.add_argument("--title", default="")
     ap.add_argument("--metric", choices=sorted(YLABELS), default="valid_ppl",
                     help="valid_bpc for character-level runs (default: valid_ppl)")
+    ap.add_argument("--layout", choices=LAYOUTS, default="time",
+                    help="time: the metric by epoch and by training minutes; train_valid: training loss and the "
+                         "metric by epoch (the p-norm paper's Fig. 4)")
     args = ap.parse_args()
-    print(plot_curves(args.runs, args.out, args.title, metric=args.metric))
+    print(plot_curves(args.runs, args.out, args.title, metric=args.metric, layout=args.layout))
 
 
 if __name__ == "__main__":

@@ -160,7 +160,8 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
     if budget:
         budget["met"] = budget["spread"] <= 2 * budget["tolerance"]  # every model within +-tol of the midpoint
     return {"tier": tier_name, "title": tier["title"], "dataset": tier["dataset"], "metric": metric,
-            "note": tier.get("note"), "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "curve": tier.get("curve", "time"), "note": tier.get("note"),
+            "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "roles": roles,
             "param_budget": budget, "claims": [check_claim(c, chosen, metric) for c in tier.get("claims", [])]}
 
@@ -235,7 +236,7 @@ def write(report: dict[str, Any], out_dir: Path, figure_dir: Path) -> list[Path]
         metric = "valid_ppl" if report["metric"] == "perplexity" else "valid_bpc"
         labels = [r["run"] + (f" ({r['device']})" if r.get("device") else "") for r in shown]
         paths.append(plot_curves([REPO / r["log"] for r in shown], figure_dir / f"{name}-tier-curve.png",
-                                 report["title"], metric=metric, labels=labels))
+                                 report["title"], metric=metric, labels=labels, layout=report.get("curve", "time")))
     return paths
 
 
