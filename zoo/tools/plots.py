@@ -90,7 +90,14 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
         ax.grid(True, which="both", alpha=0.3)
         ax.set_ylim(lo / 1.05, top * 1.05)
         label_log_axis(ax, lo, top)
-    ax1.legend(fontsize=8)
+    return _save(fig, ax1, out, title)
+
+
+def _save(fig, legend_ax, out: str | Path, title: str) -> Path:
+    """Legend, title, layout, then the PNG at ``out`` (its folder made); the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    legend_ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -104,7 +111,6 @@ def plot_curves(run_dirs: list[str | Path], out: str | Path, title: str = "", me
 def _plot_train_valid(fig, axes, logs: list[tuple[str, list[dict]]], out: str | Path, title: str,
                       metric: str) -> Path:
     """Training loss (nats per token, as logged) and ``metric`` by epoch, one line per run, linear axes."""
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     ax1, ax2 = axes
@@ -117,15 +123,7 @@ def _plot_train_valid(fig, axes, logs: list[tuple[str, list[dict]]], out: str | 
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax1.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, ax1, out, title)
 
 
 def main() -> None:
@@ -142,9 +140,6 @@ def main() -> None:
     print(plot_curves(args.runs, args.out, args.title, metric=args.metric, layout=args.layout))
 
 
-if __name__ == "__main__":
-    main()
-
 
 def label_log_axis(ax, lo: float, hi: float) -> None:
     """Readable numbers on a log-scale y axis: 120, not 1.2 x 10^2, and within less than a decade the minor
@@ -155,3 +150,7 @@ def label_log_axis(ax, lo: float, hi: float) -> None:
     ax.yaxis.set_major_formatter(plain)
     if hi / max(lo, 1e-12) < 10:  # minor labels only while they cannot crowd
         ax.yaxis.set_minor_formatter(plain)
+
+
+if __name__ == "__main__":
+    main()
