@@ -232,3 +232,16 @@ def test_the_pnorm_tier_draws_the_papers_figure_4_layout(runs, tmp_path):
     assert paths[-1].name == "t-tier-curve.png" and paths[-1].stat().st_size > 1000
     with pytest.raises(ValueError, match="unknown curve layout 'fig4'"):
         plots.plot_curves([runs / "a"], tmp_path / "x.png", layout="fig4")
+
+
+def test_plots_command_line_draws_both_layouts(runs, tmp_path):
+    """`python -m zoo.tools.plots RUN --out F [--layout ...]` (the command the module's docstring gives) works."""
+    import subprocess
+    import sys
+
+    for layout in ("time", "train_valid"):
+        out = tmp_path / f"{layout}.png"
+        proc = subprocess.run([sys.executable, "-m", "zoo.tools.plots", str(runs / "a"), "--out", str(out),
+                               "--layout", layout], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert out.stat().st_size > 1000
