@@ -47,7 +47,16 @@ try:
 
     from zoo.errors import InvalidRequest
     from zoo.pretrained import ZooModel
-    from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, error_body, parse_body, to_json
+    from zoo.service import (
+        GenerateRequest,
+        Limits,
+        ScoreRequest,
+        Service,
+        error_body,
+        generate_reply,
+        parse_body,
+        to_json,
+    )
 except ImportError as e:  # the worker's Python must be the project's environment (zoo serve sets it)
     raise ImportError(f"the TorchServe worker cannot import the zoo library ({e}); start the server with "
                       f"`zoo serve start`, which runs the workers with the project's Python") from None
@@ -258,8 +267,7 @@ class ZooService:
                 return to_json(gen.error[1])
         if not job.stream:
             if gen.done:
-                return self._reply(context, idx, 200, {"prompt": job.prompt, "text": "".join(gen.text),
-                                                       "num_tokens": len(gen.text), "warnings": list(job.warnings)})
+                return self._reply(context, idx, 200, generate_reply(job, gen.text))
             if first:
                 context.set_response_content_type(idx, JSON_TYPE)
             return b""

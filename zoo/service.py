@@ -287,9 +287,14 @@ class Service:
                                                     for f in fields(SamplingParams)})
 
     def generate(self, request: GenerateRequest) -> dict[str, Any]:
-        parts = list(self.stream(request))
-        return {"prompt": request.prompt, "text": "".join(parts), "num_tokens": len(parts),
-                "warnings": list(request.warnings)}
+        return generate_reply(request, list(self.stream(request)))
+
+
+def generate_reply(request: GenerateRequest, pieces: Sequence[str]) -> dict[str, Any]:
+    """The reply to a non-streamed generate request, from its generated pieces (also for a server that advances
+    a generation across several calls)."""
+    return {"prompt": request.prompt, "text": "".join(pieces), "num_tokens": len(pieces),
+            "warnings": list(request.warnings)}
 
 
 def corpus_of(results: list[dict[str, Any]], texts: Sequence[str], tokenizer: Any) -> dict[str, Any]:
