@@ -804,3 +804,18 @@ def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch,
         stop_server(run_dir)
 
 
+
+
+def test_front_door_config_is_valid_nginx_for_any_run_dir(tmp_path):
+    """The rendered nginx.conf passes `nginx -t`, also for a run dir with spaces (its paths are quoted)."""
+    from zoo.tools.serve import _nginx, front_door_config
+
+    run_dir = tmp_path / "a run dir" / "with spaces"
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True)
+    cfg = ServerConfig(inference_port=_free_ports(1)[0], backend_port=_free_ports(1)[0])
+    conf = front_door_config(cfg, run_dir, logs, response_timeout=120)
+    proc = subprocess.run([_nginx(), "-t", "-p", str(conf.parent), "-c", str(conf), "-e", str(logs / "t.log")],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "test is successful" in proc.stderr

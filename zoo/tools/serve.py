@@ -492,22 +492,28 @@ def _nginx() -> str:
     return found
 
 
-def _start_front_door(cfg: ServerConfig, run_dir: Path, logs: Path, response_timeout: int):
-    """nginx on the public inference address, forwarding to TorchServe's inference port on loopback."""
+def front_door_config(cfg: ServerConfig, run_dir: Path, logs: Path, response_timeout: int) -> Path:
+    """The front door's nginx.conf, rendered into a fresh ``run_dir/front`` (paths quoted: a run dir may hold
+    spaces)."""
     front = run_dir / "front"
     shutil.rmtree(front, ignore_errors=True)
     front.mkdir(parents=True)
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    conf = _render(SERVING_DIR / "nginx.conf", front / "nginx.conf", {
+    return _render(SERVING_DIR / "nginx.conf", front / "nginx.conf", {
         "front_dir": front, "logs": logs, "listen": f"{host}:{cfg.inference_port}",
         "backend": f"127.0.0.1:{cfg.backend_port}", "client_timeout": cfg.client_timeout,
         "send_timeout": 3 * cfg.client_timeout, "upstream_timeout": response_timeout + 10,
         "max_request_bytes": cfg.max_request_bytes,
         # as root, nginx would run its worker as `nobody`, which cannot reach a private run dir
         "user_directive": "user root;" if os.geteuid() == 0 else ""})
+
+
+def _start_front_door(cfg: ServerConfig, run_dir: Path, logs: Path, response_timeout: int):
+    """nginx on the public inference address, forwarding to TorchServe's inference port on loopback."""
+    conf = front_door_config(cfg, run_dir, logs, response_timeout)
     with open(logs / "front.out", "ab") as out:
-        return subprocess.Popen([_nginx(), "-p", str(front), "-c", str(conf), "-e", str(logs / "front_error.log")],
-                                cwd=run_dir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cmd = [_nginx(), "-p", str(conf.parent), "-c", str(conf), "-e", str(logs / "front_error.log")]
+        return subprocess.Popen(cmd, cwd=run_dir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
 
 
