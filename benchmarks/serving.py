@@ -10,7 +10,7 @@ Mixed load (on the batching-on server): ``--mixed-score-clients`` score clients 
 clients while ``--generate-clients`` clients generate back to back (``--gen-tokens`` tokens each, sampled,
 not streamed). The figure is the score p50 with generation running over the score p50 alone (target <= 2:
 generation advances a time slice per worker call under TorchServe's continuous batching, so a score request
-never waits for whole generations; before that, 4 generating clients took score p50 from 48 to 430 ms).
+never waits for whole generations, as it did when a batch ran its generations to the end).
 
     python benchmarks/serving.py                      # the default model, 16 clients, 30 s per setting
     python benchmarks/serving.py --model path/to/ckpt --duration 10
