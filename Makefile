@@ -29,7 +29,7 @@ help:
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'  # the tests build the wheel without isolation (pyproject's PEP 639 licence)
 	echo "$(TORCH_PIN)" > $(CONSTRAINTS)
 	$(PY) -m pip install -q -c $(CONSTRAINTS) $(TORCH_PIN)
 	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[all]'

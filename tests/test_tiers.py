@@ -76,6 +76,26 @@ def test_train_loss_claim_and_markdown(runs):
     assert "| s2 | **not met** |" in md and "| s3 | met |" in md
 
 
+def test_test_target_claim_has_no_baseline(runs):
+    """An issue's absolute target (``test_target``): the chosen run's test metric against a ceiling."""
+    targets = {"t": TIERS["t"] | {"claims": [
+        {"kind": "test_target", "model": "alstm", "max": 86.0, "source": "target 86"},
+        {"kind": "test_target", "model": "lstm", "max": 99.0, "source": "target 99"},
+        {"kind": "test_target", "model": "gru", "max": 200.0, "source": "target g"}]}}
+    rep = tiers.compare("t", runs, targets)
+    at_most, above, pending = rep["claims"]
+    assert (at_most["met"], at_most["measured"], at_most["model_run"]) == (True, 86, "a")
+    assert "baseline_run" not in at_most and at_most["detail"] == "test perplexity: 86 (target: at most 86)"
+    assert above["met"] is False and above["model_run"] == "l-heavy"  # the run chosen on validation (test 100)
+    assert pending["met"] is None  # g2 unfinished
+    md = tiers.markdown(rep)
+    assert "| target 86 | met |" in md and "| target 99 | **not met** |" in md
+    from zoo.tools.cards import comparison_section
+
+    section = comparison_section(rep, "a")
+    assert "| target 86 | met |" in section and "target 99" not in section
+
+
 def test_write_files_and_readme_picks_them_up(runs, tmp_path):
     out = tmp_path / "repo" / "model_cards"
     paths = tiers.write(tiers.compare("t", runs, TIERS), out / "tiers", out)

@@ -291,7 +291,7 @@ def comparison_section(report: dict[str, Any], run_name: str) -> str:
                 f" (a sweep point; `{chosen}` was chosen on validation)." if chosen else ".")
              + f" Full table: `model_cards/tiers/{report['tier']}.md` (generated {report['generated']}).\n"]
     rows = [f"| {c['source']} | {({True: 'met', False: 'not met', None: 'pending'})[c['met']]} | {c['detail']} |"
-            for c in report["claims"] if role in (c["model"], c["baseline"])]
+            for c in report["claims"] if role in (c["model"], c.get("baseline"))]
     if rows:
         lines.append("| claim | result | measured |\n|---|---|---|\n" + "\n".join(rows) + "\n")
     return "\n".join(lines)

@@ -92,18 +92,25 @@ def _first_epoch(values: list[float], threshold: float) -> int | None:
 
 def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None], metric: str) -> dict[str, Any]:
     """Compute one claim from the chosen runs; ``met`` is None when a run it needs has not finished."""
-    model, base = chosen.get(claim["model"]), chosen.get(claim["baseline"])
+    kind = claim["kind"]
+    model = chosen.get(claim["model"])
+    base = chosen.get(claim["baseline"]) if kind != "test_target" else model  # a target has no baseline
     res: dict[str, Any] = {k: claim[k] for k in ("kind", "model", "baseline", "source") if k in claim}
     if model is None or base is None:
         res.update(met=None, detail="not computed: a run it needs has not finished")
         return res
-    res.update(model_run=model["run"], baseline_run=base["run"])
-    kind = claim["kind"]
+    res.update(model_run=model["run"])
+    if kind != "test_target":
+        res.update(baseline_run=base["run"])
 
     def num(v: float) -> str:   # bpc to the papers' 3 decimals; perplexity to 4 significant digits
         return f"{v:.3f}" if metric == "bits_per_char" else f"{v:.4g}"
 
-    if kind == "test_improvement":
+    if kind == "test_target":
+        test = model["metrics"]["test"]
+        res.update(target_max=claim["max"], measured=test, met=test <= claim["max"],
+                   detail=f"test {metric}: {num(test)} (target: at most {num(claim['max'])})")
+    elif kind == "test_improvement":
         rel = 1 - model["metrics"]["test"] / base["metrics"]["test"]
         res.update(target_min_rel=claim["min_rel"], measured_rel=rel, met=rel >= claim["min_rel"],
                    detail=f"test {metric}: {num(model['metrics']['test'])} vs {num(base['metrics']['test'])} "
