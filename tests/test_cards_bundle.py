@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import re
 import struct
 import tomllib
@@ -166,6 +167,29 @@ def test_char_level_card_reports_bits_per_character(bundled):
         "test": {"perplexity": rel["test"]["ppl"], "bpc": rel["test"]["bits_per_token"]}}
     assert cards.release_metrics(ev) == {"metric": "bits_per_char", "valid": rel["valid"]["bits_per_token"],
                                          "test": rel["test"]["bits_per_token"]}
+
+
+def test_sentence_mode_card_says_its_setting(bundled):
+    """A model trained on single sentences (the p-norm tier) says so in its results, usage, training and evaluation
+    sections; a character model's training log is in bits per character."""
+    ev = copy.deepcopy(bundled["ev"]) | {"dataset": "ptb-char"}
+    ev["recipe"]["train"].update(mode="sentences", max_len=100, train_sentences=10000, batch_size=32)
+    for split, n in (("valid", 3370), ("test", 3761)):
+        ev[split].update(mode="sentences", num_sequences=n)
+    config = json.loads((bundled["dir"] / "config.json").read_text())
+    log = [{"epoch": 1, "train_loss": 2 * math.log(2), "valid_loss": 1.5 * math.log(2), "valid_ppl": 2 ** 1.5,
+            "train_ppl": 4.0, "lr": 1e-3, "seconds": 60.0, "optimizer": "adam", "best": True}]
+    text = cards.build_card("s", ev, log, config, repo_id="o/s", revision="v1.0")
+    assert "every line scored as a single sentence from a zero state" in text
+    assert "This model scores **single sentences**" in text and "more than 100 characters in a row" in text
+    assert "train split as single sentences (a fixed random sample of 10,000 lines, each truncated to its first " \
+           "100 characters, from a zero state, in padded and masked batches of 32)" in text
+    assert "Single-sentence protocol" in text and "Valid: 3,370 sentences" in text and "test: 3,761 sentences" in text
+    assert "stateful" not in text and "Standard stateful protocol" not in text
+    assert "| epoch | train bpc | valid bpc |" in text and "| 1 * | 2.000 | 1.500 |" in text
+    stream = cards.build_card("c", bundled["ev"], log, config, repo_id="o/c", revision="v1.0")
+    assert "Standard stateful protocol" in stream and "single sentence" not in stream
+    assert "| epoch | train ppl | valid ppl |" in stream
 
 
 def test_bundled_dir_loads_and_scores(bundled):

@@ -173,6 +173,10 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     epochs = [r for r in log if "valid_ppl" in r and "epoch" in r]
     title = get_spec(arch).title
     f: dict[str, str] = {"name": name}
+    train = recipe.get("train", {})
+    sentence_mode = train.get("mode") == "sentences"
+    max_len = train.get("max_len")
+    symbols = "characters" if ds.char_level else "tokens"
 
     desc = recipe.get("description") or ""
     f["intro"] = (f"{'An' if title[0] in 'aeiouAEIL' else 'A'} {title} language model trained on {ds.title}, from "
@@ -198,6 +202,10 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
                   f'print(report.texts[0]["{"bits_per_token" if ds.char_level else "ppl"}"])'
                   f'{"  # bits per predicted symbol: the bpc above" if ds.char_level else ""}\n'
                   f'print(model.generate("{ds.example_prompt}", max_new_tokens=20, seed=0))\n```')
+    if sentence_mode:
+        f["usage"] += (f"\n\nThis model scores **single sentences**, the setting it was trained in: pass one sentence "
+                       f"per text (each text is scored on its own from a zero state; in training it never saw more "
+                       f"than {max_len} {symbols} in a row).")
     f["command_line"] = (f"Command line: `zoo score {name} --text \"...\"`, `zoo generate {name} --prompt \"...\"`, "
                          f"`zoo eval {name} --dataset {ev['dataset']}`. From the Hub: `zoo download {name}` "
                          f"(repository `{repo_id}`, revision `{revision}`; every file is checked against the sha256 "
@@ -215,9 +223,13 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
                                                for n, s in sorted(file_sizes.items())))
     f["details"] = "\n".join(details)
 
-    train = recipe.get("train", {})
     world = ev.get("world_size", 1)
-    training = [f"- Data: {ds.title}, train split; model selection on the validation split; the test split was "
+    sample = (f"a fixed random sample of {train['train_sentences']:,} lines" if train.get("train_sentences")
+              else "every line")
+    data = (f"{ds.title}, train split as single sentences ({sample}, each truncated to its first {max_len} "
+            f"{symbols}, from a zero state, in padded and masked batches of {train.get('batch_size')})"
+            if sentence_mode else f"{ds.title}, train split")
+    training = [f"- Data: {data}; model selection on the validation split; the test split was "
                 "evaluated once, on the best-validation checkpoint.",
                 f"- Hardware: {short_device(ev.get('device', 'n/a'))}, {world} process{'es' if world != 1 else ''}; "
                 f"compute precision {train.get('precision', 'fp32')}",
@@ -239,19 +251,41 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     f["figures"] = "".join(f"![Training curve of {name}]({fig})\n\n" for fig in figures)
     f["training_log"] = ""
     if epochs:
-        lines = ["| epoch | train ppl | valid ppl | lr | seconds | optimizer |", "|---:|---:|---:|---:|---:|---|"]
+        unit = "bpc" if ds.char_level else "ppl"   # a character model's log in bits per character
+
+        def shown(r: dict[str, Any], split: str) -> str:
+            if not ds.char_level:
+                return _fmt(r.get(f"{split}_ppl"))
+            return _fmt(r[f"{split}_loss"] / math.log(2), 3) if f"{split}_loss" in r else ""
+
+        lines = [f"| epoch | train {unit} | valid {unit} | lr | seconds | optimizer |",
+                 "|---:|---:|---:|---:|---:|---|"]
         for r in epochs:
-            lines.append(f"| {r['epoch']}{' *' if r.get('best') else ''} | {_fmt(r.get('train_ppl'))} | "
-                         f"{_fmt(r.get('valid_ppl'))} | {r.get('lr', float('nan')):.4g} | "
+            lines.append(f"| {r['epoch']}{' *' if r.get('best') else ''} | {shown(r, 'train')} | "
+                         f"{shown(r, 'valid')} | {r.get('lr', float('nan')):.4g} | "
                          f"{_fmt(r.get('seconds'), 0)} | {r.get('optimizer', '')} |")
         f["training_log"] = ("Training log (from `log.jsonl`):\n\n" + "\n".join(lines)
                              + "\n\n`*`: a new best validation loss (checkpoint kept).\n\n")
 
-    f["evaluation"] = (
+    f["results_intro"] = (
+        "Results of the shipped weights on the standard splits, every line scored as a single sentence from a zero "
+        "state (the setting it was trained in; see *Evaluation* below). Lower is better." if sentence_mode else
+        "Corpus-level results of the shipped weights on the standard splits (stateful evaluation, see *Evaluation* "
+        "below). Lower is better.")
+    protocol = (
+        f"Single-sentence protocol, the setting this model was trained in: every non-empty line of a split is its own "
+        f"sequence `<eos> t_1 ... t_n <eos>`, truncated to its first {max_len} {symbols} (a truncated line has no "
+        f"closing `<eos>`), scored from a zero state. Counted: exactly the predicted symbols, i.e. every symbol after "
+        f"the leading `<eos>`, plus the closing `<eos>` of a line that was not truncated; padding never counts. "
+        f"Valid: {ev['valid'].get('num_sequences', 0):,} sentences, {ev['valid'].get('num_tokens'):,} predictions; "
+        f"test: {ev['test'].get('num_sequences', 0):,} sentences, {ev['test'].get('num_tokens'):,} predictions. "
+        if sentence_mode else
         f"Standard stateful protocol: each split is one token stream cut into batch columns; the state is carried "
         f"across {ev['valid'].get('bptt')}-token chunks and every next-token prediction is counted once. Valid: batch "
         f"size {ev['valid'].get('batch_size')}, {ev['valid'].get('num_tokens'):,} predictions; test: batch size "
-        f"{ev['test'].get('batch_size')}, {ev['test'].get('num_tokens'):,} predictions. "
+        f"{ev['test'].get('batch_size')}, {ev['test'].get('num_tokens'):,} predictions. ")
+    f["evaluation"] = (
+        protocol
         + ("Bits per character = bits per token (each token is one character, `_` the word boundary, plus "
            "`<eos>`). " if ds.char_level else "")
         + f"Reproduce with `zoo eval {name} --dataset {ev['dataset']} --split test --batch-size "
