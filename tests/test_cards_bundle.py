@@ -304,6 +304,26 @@ def test_reference_comes_from_the_recipe_file_before_the_runs_copy(tmp_path):
         find_reference(ev, tmp_path / "missing.toml")
 
 
+def test_a_reference_without_numbers_cites_the_setting(bundled, tmp_path):
+    """A ``[reference]`` with a source and no number (the p-norm paper's sentence experiment ran on another corpus):
+    accepted, no results row, and the card says no published number is comparable; a non-numeric value is an
+    error."""
+    from zoo.tools.bundle import find_reference
+
+    ev = {"recipe": {"name": "no-such-recipe-anywhere"}}
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[reference]\nmetric = "bits_per_char"\nsource = "Pham et al. 2016, Fig. 4"\n')
+    ref = find_reference(ev, recipe)
+    assert ref == {"metric": "bits_per_char", "source": "Pham et al. 2016, Fig. 4"}
+    config = json.loads((bundled["dir"] / "config.json").read_text())
+    text = cards.build_card("s", bundled["ev"], [], config, repo_id="o/s", revision="v1.0", reference=ref)
+    assert "published reference" not in text
+    assert "- The setting follows Pham et al. 2016, Fig. 4; no published number is comparable with this run." in text
+    recipe.write_text('[reference]\ntest = "1.2"\nsource = "s"\n')
+    with pytest.raises(BundleError, match="as numbers"):
+        find_reference(ev, recipe)
+
+
 def test_card_shows_the_corrected_reference_in_its_recipe_block_too(tiny_run_dir, tmp_path):
     """The card's recorded-recipe block carries the [reference] the card compares with, so the two never
     disagree; every hyper-parameter stays as the run recorded it."""

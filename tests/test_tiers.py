@@ -209,7 +209,7 @@ def test_published_numbers_and_the_counting_note(runs):
     """Each chosen run is set against its recipe's [reference]; a tier note says what is counted, with the
     number of scored test symbols read from the runs' eval.json files."""
     for name, ref in (("a", {"valid": 60.0, "test": 50.0, "metric": "perplexity", "source": "paper A"}),
-                      ("l-heavy", None)):
+                      ("l-heavy", None), ("g1", {"metric": "perplexity", "source": "paper G, another corpus"})):
         ev = json.loads((runs / name / "eval.json").read_text())
         ev["recipe"] = {"name": name, **({"reference": ref} if ref else {})}
         ev["test"]["num_tokens"] = 82429
@@ -218,6 +218,7 @@ def test_published_numbers_and_the_counting_note(runs):
     md = tiers.markdown(rep)
     assert "| alstm | a | 86.00 | 50.00 | +36.00 (+72.0%) | paper A |" in md
     assert "| lstm | l-heavy | 100.00 | not published |  |  |" in md
+    assert "| gru_p1 | g1 | 120.00 | no comparable number |  | paper G, another corpus |" in md
     # two of the chosen runs say how many test tokens they scored, the others do not say: one count
     assert "Counted: every token. Test symbols scored: 82,429 (from each run's eval.json)." in md
 

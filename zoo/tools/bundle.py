@@ -144,7 +144,8 @@ def find_reference(ev: dict[str, Any], recipe_path: str | os.PathLike | None = N
     about a paper, not part of the training: a corrected source or number must reach the card and the tier
     report without retraining, while a run whose recipe is not bundled still has its own copy. Fields:
     ``valid``, ``test`` (numbers), ``metric`` (``perplexity`` or ``bits_per_char``), ``source`` (who
-    published them, where).
+    published them, where). A reference with a ``source`` and no number cites the setting a run follows where
+    no published number is comparable (the p-norm paper's sentence experiment ran on another corpus).
     """
     ref = None
     path = Path(recipe_path) if recipe_path else PACKAGE_DIR / "recipes" / f"{ev['recipe'].get('name')}.toml"
@@ -156,9 +157,9 @@ def find_reference(ev: dict[str, Any], recipe_path: str | os.PathLike | None = N
         ref = ev["recipe"].get("reference")
     if ref is None:
         return None
-    if not isinstance(ref, dict) or not isinstance(ref.get("source"), str) or not any(
-            isinstance(ref.get(k), int | float) for k in ("valid", "test")):
-        raise BundleError("the recipe's [reference] needs `source` and a number for `valid` and/or `test`")
+    if not isinstance(ref, dict) or not isinstance(ref.get("source"), str) or not all(
+            isinstance(ref.get(k), int | float) for k in ("valid", "test") if k in ref):
+        raise BundleError("the recipe's [reference] needs `source`, and `valid` / `test` (where given) as numbers")
     return {k: ref[k] for k in ("valid", "test", "metric", "source") if k in ref}
 
 

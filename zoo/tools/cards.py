@@ -188,7 +188,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
                     f"{rel['test']['bits_per_token']:.4f} |")
     if dtype != "float32":
         rows.append(f"| perplexity (float32, before the cast) | {ev['valid']['ppl']:.3f} | {ev['test']['ppl']:.3f} |")
-    if reference:
+    if reference and any(k in reference for k in ("valid", "test")):
         unit = reference.get("metric", metric)
         digits = 3 if unit == "bits_per_char" else 2   # the papers give bpc to 3 decimals
         rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | "
@@ -307,7 +307,9 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
            "about people or to generate text presented as factual.",
            "- Perplexities are only comparable between models with the same vocabulary and tokenisation.",
            f"- Data licence: {ds.licence}. Model licence: {license}."]
-    if reference:
+    if reference and not any(k in reference for k in ("valid", "test")):
+        lim.append(f"- The setting follows {reference['source']}; no published number is comparable with this run.")
+    elif reference:
         lim.append(f"- The published reference ({reference.get('source', 'see recipe')}) may differ in model size "
                    "or training budget; see the recipe comment for what was matched.")
     f["limitations"] = "\n".join(lim)

@@ -216,6 +216,10 @@ def published_table(report: dict[str, Any], digits: int) -> list[str]:
         if run is None:
             continue
         ref = run.get("reference") or {}
+        if ref.get("source") and not any(k in ref for k in ("valid", "test")):  # cites a setting, no number
+            rows.append(f"| {role} | {run['run']} | {run['metrics']['test']:.{digits}f} | no comparable number |  | "
+                        f"{ref['source']} |")
+            continue
         if ref.get("test") is None or ref.get("metric", report["metric"]) != report["metric"]:
             rows.append(f"| {role} | {run['run']} | {run['metrics']['test']:.{digits}f} | not published |  |  |")
             continue
