@@ -80,12 +80,13 @@ def collect(root: Path, recipes: list[str]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], cpu: str) -> str:
+def markdown(rows: list[dict], cpu: str, context: str = "two runs sharing the two cores") -> str:
+    """``context``: what shared the machine while the runs trained (their tok/s depend on it)."""
     by = {(r["recipe"], r["precision"]): r for r in rows}
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
     epochs = sorted({r.get("epochs", 2) for r in rows})
     lines = [f"Equal quality ({cpu}; {'/'.join(map(str, epochs))} epoch(s) from the same seed, validation metric of "
-             "the best epoch, scored in fp32; train tok/s of the last epoch, two runs sharing the two cores):", "",
+             f"the best epoch, scored in fp32; train tok/s of the last epoch, {context}):", "",
              "| recipe | metric | fp32 valid | bf16 valid | relative difference | within 1% | "
              "fp32 train tok/s | bf16 train tok/s |", "|---|---|---:|---:|---:|---|---:|---:|"]
     for recipe in recipes:
@@ -107,6 +108,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "precision_quality.json"))
+    ap.add_argument("--note", default="", help="what else ran on the machine meanwhile (printed with the table)")
     args = ap.parse_args()
     root = Path(args.root)
     train_all(root, args.epochs, args.jobs, args.recipes)
@@ -115,9 +117,11 @@ def main() -> None:
     from precision import cpu_name
 
     cpu = cpu_name()
+    context = (f"{args.jobs} check run(s) at a time, one thread each"
+               + (f"; {args.note}" if args.note else ""))
     for r in rows:
-        r["cpu"] = cpu
-    table = markdown(rows, cpu)
+        r["cpu"], r["context"] = cpu, context
+    table = markdown(rows, cpu, context)
     print(table)
     from zoo.tools.readme import write_result
 

@@ -111,13 +111,37 @@ def test_unknown_tier_is_a_clear_error(capsys):
     assert "unknown tier 'no-such-tier'" in capsys.readouterr().err
 
 
-def test_bundled_tier_file_names_real_recipes():
-    from zoo.train import recipe_path
+def test_bundled_tiers_are_fair_before_any_compute_is_spent():
+    """Every recipe a tier names exists, trains on the tier's corpus for the tier's epochs and optimiser, and the
+    tier's models sit within its parameter tolerance (counted on the meta device: nothing allocated). A recipe
+    edit that breaks a comparison fails here, not after days of training."""
+    import torch
 
-    for tier in tiers.load_tiers().values():
-        for recipes in tier["roles"].values():
+    from zoo.data import load_corpus
+    from zoo.lm import LanguageModel
+    from zoo.train import Recipe, recipe_path
+
+    vocab: dict[str, int] = {}
+    for tier_name, tier in tiers.load_tiers().items():
+        ds = tier["dataset"]
+        vocab.setdefault(ds, len(load_corpus(ds).vocab))
+        counts, optim = {}, {}
+        for role, recipes in tier["roles"].items():
             for name in recipes:
-                assert recipe_path(name).is_file()
+                rec = Recipe.load(recipe_path(name))
+                assert (rec.dataset, rec.train.epochs) == (ds, tier["epochs"]), (tier_name, name)
+                optim.setdefault(role, set()).add((rec.train.optimizer, rec.train.lr, tuple(rec.train.cut_steps),
+                                                   rec.train.batch_size, rec.train.mode))
+                with torch.device("meta"):
+                    model = LanguageModel(vocab_size=vocab[ds], **rec.model)
+                counts[name] = sum(p.numel() for p in model.parameters())
+        assert max(counts.values()) / min(counts.values()) - 1 <= 2 * tier["param_tolerance"], (tier_name, counts)
+        # one optimiser, schedule, batch and mode per tier (the 8-epoch ptb-5m tier's p-norm GRUs keep their own lr,
+        # compared only among themselves); and a claim compares models trained exactly the same way, lr included
+        assert len({o[:1] + o[2:] for run in optim.values() for o in run}) == 1, (tier_name, optim)
+        for claim in tier.get("claims", []):
+            roles = [claim["model"]] + ([claim["baseline"]] if "baseline" in claim else [])
+            assert len(set().union(*(optim[r] for r in roles))) == 1, (tier_name, claim["source"])
 
 
 def test_card_section_and_bundle_lookup(runs, tmp_path):
