@@ -331,3 +331,35 @@ def test_tensorboard_logging_with_the_jsonl_log_as_record(tmp_path, kill_data):
 def test_unknown_log_target_is_a_clear_error(tmp_path, tiny_data):
     proc = zoo("train", str(write_recipe(tmp_path / "r.toml")), "--log-to", "wandb", "--data-dir", str(tiny_data))
     assert proc.returncode == 2 and "invalid choice: 'wandb'" in proc.stderr
+
+
+def test_a_plain_train_never_replaces_an_earlier_run(tmp_path, kill_data):
+    """`zoo train` into a folder holding a run would have deleted its log and, ten minutes later, its checkpoint
+    (a missed --resume on a six-hour run): refused with one line, exit 2, nothing touched. --restart starts over
+    with the old products removed; --resume with --restart is a usage error; several recipes are checked before
+    any starts."""
+    recipe = write_recipe(tmp_path / "r.toml", epochs=1)
+    run = tmp_path / "tiny-alstm"   # the recipe's name: where the several-recipe call below puts it too
+    base = ["train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--run-dir", str(run)]
+    assert zoo(*base).returncode == 0
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+    refused = zoo(*base)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "already holds a run (checkpoint, best, release, eval.json, log.jsonl)" in refused.stderr
+    assert "--resume" in refused.stderr and "--restart" in refused.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
+    both = zoo(*base, "--resume", "--restart")
+    assert both.returncode == 2 and "exclude each other" in both.stderr
+    (run / "notes.txt").write_text("mine")   # not a run product: a restart leaves it alone
+    (run / "best" / "stale").write_text("x")
+    restarted = zoo(*base, "--restart", "--crash-after-steps", "3", "--crash-signal", "TERM")
+    assert restarted.returncode == 128 + 15, restarted.stderr[-2000:]
+    assert not (run / "eval.json").exists() and not (run / "best").exists()
+    assert (run / "notes.txt").read_text() == "mine"
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    assert not any("valid_ppl" in r for r in log)   # the old run's epoch is gone with its log
+    two = subprocess.run([sys.executable, "-m", "zoo.cli", "train", str(recipe), str(write_recipe(
+        tmp_path / "r2.toml", arch="lstm")), "--jobs", "2", "--run-dir", str(tmp_path), "--data-dir", str(kill_data)],
+        capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert two.returncode == 2 and "tiny-alstm already holds a run" in two.stderr, two.stderr
+    assert not (tmp_path / "tiny-lstm").exists()   # refused before anything started

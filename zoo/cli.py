@@ -192,12 +192,15 @@ def _train_parallel(args: argparse.Namespace) -> int:
     from zoo.train import Recipe, recipe_path
 
     pending = [recipe_path(r) for r in args.recipe]
+    for path in pending:   # refuse before starting anything: a batch never half-starts
+        _check_run_dir(Path(args.run_dir or "runs") / Recipe.load(path).name, args, clear=False)
     running: list[tuple[subprocess.Popen, str]] = []
     failed = []
     passthrough = [f for flag, val in (("--data-dir", args.data_dir), ("--device", args.device),
                                        ("--epochs", args.epochs), ("--max-minutes", args.max_minutes),
                                        ("--precision", args.precision), ("--log-every-steps", args.log_every_steps))
                    if val is not None for f in (flag, str(val))] + (["--resume"] if args.resume else []) \
+        + (["--restart"] if args.restart else []) \
         + [f for target in args.log_to or () for f in ("--log-to", target)]
     # Why: each child would otherwise start one intra-op thread per core, and N jobs on the same cores
     # then fight over them; split the cores between the jobs unless the caller chose a thread count. Two one-thread
@@ -239,6 +242,22 @@ def _train_parallel(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _check_run_dir(run_dir: Path, args: argparse.Namespace, clear: bool = True) -> None:
+    """A plain ``zoo train`` into a folder that holds an earlier run would replace its log and checkpoints: refuse
+    unless the caller said which they meant (``--resume`` continues it, ``--restart`` removes it and starts over)."""
+    from zoo.train import clear_run, run_products
+
+    if args.resume and args.restart:
+        raise UsageError("--resume and --restart exclude each other")
+    found = run_products(run_dir)
+    if found and not args.resume:
+        if not args.restart:
+            raise UsageError(f"{run_dir} already holds a run ({', '.join(found)}): continue it with --resume, or "
+                             "start over with --restart (removes them)")
+        if clear:
+            clear_run(run_dir)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     import signal
 
@@ -257,6 +276,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.precision is not None:
         recipe.train.precision = args.precision
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / recipe.name
+    _check_run_dir(run_dir, args)
     trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
                       crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps,
                       crash_signal=getattr(signal, f"SIG{args.crash_signal}"), log_to=tuple(args.log_to or ()),
@@ -397,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("recipe", nargs="+", help="recipe .toml file(s) or bundled recipe name(s)")
     sp.add_argument("--jobs", type=int, default=1, help="with several recipes: how many train at once")
     sp.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    sp.add_argument("--restart", action="store_true", help="start over in a run dir that holds an earlier run "
+                    "(removes its checkpoints, log and results; without --resume or --restart such a dir is refused)")
     sp.add_argument("--run-dir", help="output folder (default: runs/<recipe name>)")
     sp.add_argument("--data-dir")
     sp.add_argument("--device", help="cpu or cuda (default: cuda if available)")

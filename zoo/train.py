@@ -133,6 +133,26 @@ def recipe_path(name_or_path: str) -> Path:
     raise FileNotFoundError(f"no recipe file {name_or_path!r} and no bundled recipe of that name")
 
 
+#: What a run writes into its run dir: ``zoo train --restart`` removes exactly these, and their presence makes a
+#: plain ``zoo train`` refuse (it would have replaced a finished or resumable run's log and checkpoints).
+RUN_PRODUCTS = ("checkpoint", "best", "release", "eval.json", "log.jsonl", "tensorboard")
+
+
+def run_products(run_dir: str | os.PathLike) -> list[str]:
+    """The products of an earlier run in ``run_dir`` (empty for a new or empty folder)."""
+    return [n for n in RUN_PRODUCTS if (Path(run_dir) / n).exists()]
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Remove an earlier run's products (and nothing else) so a restart cannot mix with them: a crash before the new
+    run's first checkpoint would otherwise leave the old checkpoint beside the new log."""
+    import shutil
+
+    for name in run_products(run_dir):
+        path = Path(run_dir) / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 def nonmonotone_trigger(history: list[float], val_loss: float, nonmono: int) -> bool:
     """AWD-LSTM's NT-ASGD condition: the validation loss is worse than the best one from more than
     ``nonmono`` epochs ago (``history`` holds the earlier epochs' validation losses)."""
