@@ -124,6 +124,12 @@ def to_toml(data: dict[str, Any], prefix: str = "") -> str:
     return "\n".join(lines).strip("\n")
 
 
+def has_numbers(reference: dict[str, Any] | None) -> bool:
+    """Whether a recipe's ``[reference]`` gives a published number; without one it only cites the setting a run
+    follows (see :func:`zoo.tools.bundle.find_reference`)."""
+    return bool(reference) and any(k in reference for k in ("valid", "test"))
+
+
 def _fmt(v: float, digits: int = 2) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
@@ -188,7 +194,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
                     f"{rel['test']['bits_per_token']:.4f} |")
     if dtype != "float32":
         rows.append(f"| perplexity (float32, before the cast) | {ev['valid']['ppl']:.3f} | {ev['test']['ppl']:.3f} |")
-    if reference and any(k in reference for k in ("valid", "test")):
+    if has_numbers(reference):
         unit = reference.get("metric", metric)
         digits = 3 if unit == "bits_per_char" else 2   # the papers give bpc to 3 decimals
         rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | "
@@ -307,7 +313,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
            "about people or to generate text presented as factual.",
            "- Perplexities are only comparable between models with the same vocabulary and tokenisation.",
            f"- Data licence: {ds.licence}. Model licence: {license}."]
-    if reference and not any(k in reference for k in ("valid", "test")):
+    if reference and not has_numbers(reference):
         lim.append(f"- The setting follows {reference['source']}; no published number is comparable with this run.")
     elif reference:
         lim.append(f"- The published reference ({reference.get('source', 'see recipe')}) may differ in model size "

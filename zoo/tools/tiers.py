@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.tools import REPO
-from zoo.tools.cards import primary_metric, release_metrics, short_device
+from zoo.tools.cards import has_numbers, primary_metric, release_metrics, short_device
 
 TIERS_FILE = Path(__file__).resolve().parent / "tiers.toml"
 
@@ -216,7 +216,7 @@ def published_table(report: dict[str, Any], digits: int) -> list[str]:
         if run is None:
             continue
         ref = run.get("reference") or {}
-        if ref.get("source") and not any(k in ref for k in ("valid", "test")):  # cites a setting, no number
+        if ref.get("source") and not has_numbers(ref):  # cites a setting, no number
             rows.append(f"| {role} | {run['run']} | {run['metrics']['test']:.{digits}f} | no comparable number |  | "
                         f"{ref['source']} |")
             continue
