@@ -290,3 +290,39 @@ def test_plots_command_line_draws_both_layouts(runs, tmp_path):
                                "--layout", layout], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert out.stat().st_size > 1000
+
+
+def test_finished_unbundled_runs_are_recorded_and_the_report_names_the_records(runs, tmp_path):
+    """The tier tool copies each finished run that is not bundled into model_cards/runs/ and the report then
+    names those copies (files every clone has); a run still training is read live and not recorded."""
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    (cards / "a.log.jsonl").write_bytes((runs / "a" / "log.jsonl").read_bytes())  # "a" is bundled
+    (cards / "a.eval.json").write_bytes((runs / "a" / "eval.json").read_bytes())
+    written = tiers.record_runs("t", runs, TIERS, cards_dir=cards)
+    assert sorted(p.name for p in written) == ["g1.eval.json", "g1.log.jsonl", "l-heavy.eval.json",
+                                               "l-heavy.log.jsonl", "l-light.eval.json", "l-light.log.jsonl"]
+    assert tiers.record_runs("t", runs, TIERS, cards_dir=cards) == []  # unchanged: nothing rewritten
+    rep = tiers.compare("t", runs, TIERS, cards_dir=cards)
+    logs = {r["run"]: r["log"] for info in rep["roles"].values() for r in info["sweep"]}
+    assert logs["a"].endswith("cards/a.log.jsonl") and logs["g1"].endswith("cards/runs/g1.log.jsonl")
+    assert logs["g2"].endswith("g2/log.jsonl")  # unfinished: live, not recorded
+    with open(runs / "g1" / "log.jsonl", "a") as f:  # g1 continued after it was recorded: the live log counts
+        f.write(json.dumps({"epoch": 5, "valid_ppl": 124.0, "valid_loss": math.log(124.0), "train_loss": 4.4,
+                            "seconds": 60.0}) + "\n")
+    (g1,) = tiers.compare("t", runs, TIERS, cards_dir=cards)["roles"]["gru_p1"]["sweep"]
+    assert g1["log"].endswith("g1/log.jsonl") and g1["epochs_logged"] == 5
+    assert [p.name for p in tiers.record_runs("t", runs, TIERS, cards_dir=cards)] == ["g1.log.jsonl"]
+
+
+@pytest.mark.parametrize("tier", sorted(p.stem for p in (tiers.REPO / "model_cards" / "tiers").glob("*.json")))
+def test_every_committed_tier_report_regenerates_from_committed_files(tier, tmp_path):
+    """A fresh clone has no runs/: each tier report in the repository must come out the same from the files the
+    repository keeps (bundled cards' copies and model_cards/runs/ records), and name only files it keeps."""
+    kept = json.loads((tiers.REPO / "model_cards" / "tiers" / f"{tier}.json").read_text())
+    again = tiers.compare(tier, tmp_path / "no-runs")
+    for rep in (kept, again):
+        rep.pop("generated")
+    assert again == kept
+    logs = [r["log"] for info in kept["roles"].values() for r in info["sweep"] if "log" in r]
+    assert logs and all((tiers.REPO / p).is_file() for p in logs)

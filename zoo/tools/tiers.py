@@ -9,6 +9,7 @@ a claim that cannot be computed yet says so instead of guessing.
 
     python -m zoo.tools.tiers ptb-5m                 # reads runs/<recipe>/ (else the bundled copies of its log and
                                                # eval.json in model_cards/), writes model_cards/tiers/ptb-5m.*
+                                               # and records finished unbundled runs in model_cards/runs/
     python -m zoo.tools.tiers ptb-5m --runs-dir /elsewhere/runs
 """
 
@@ -33,23 +34,56 @@ def load_tiers(path: Path = TIERS_FILE) -> dict[str, Any]:
     return tomllib.loads(path.read_text(encoding="utf-8"))
 
 
+def get_tier(name: str, tiers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One tier's table (``tiers`` defaults to zoo/tools/tiers.toml); KeyError naming the known tiers."""
+    tiers = load_tiers() if tiers is None else tiers
+    if name not in tiers:
+        raise KeyError(f"unknown tier {name!r} (known: {', '.join(sorted(tiers))})")
+    return tiers[name]
+
+
 def _epoch_metric(rec: dict[str, Any], metric: str) -> float:
     """A log record's validation metric: perplexity, or bits per character for character-level data."""
     return rec["valid_ppl"] if metric == "perplexity" else rec["valid_loss"] / math.log(2)
 
 
 def run_files(name: str, runs_dir: Path, cards_dir: Path) -> tuple[Path, Path]:
-    """``(log.jsonl, eval.json)`` of a run: its run dir when present on this machine, else the copies that
-    ``zoo bundle`` keeps beside the card (``model_cards/NAME.log.jsonl`` / ``.eval.json``), else the record of
-    a sweep point that was not bundled (``model_cards/runs/NAME.*``, the same two files copied from its run
-    dir), so every trained run counts in its tier on any clone."""
-    run_dir = runs_dir / name
-    if (run_dir / "log.jsonl").is_file():
-        return run_dir / "log.jsonl", run_dir / "eval.json"
+    """``(log.jsonl, eval.json)`` of a run: the copies kept in the repository (``model_cards/NAME.*`` beside a
+    bundled card, else ``model_cards/runs/NAME.*``, the record of a run that was not bundled), unless the run dir
+    on this machine holds a different log (a run still training, or continued since it was recorded): so a
+    report names files every clone has, and counts every trained run, on any clone."""
+    live = runs_dir / name / "log.jsonl"
     for folder in (cards_dir, cards_dir / "runs"):
-        if (folder / f"{name}.log.jsonl").is_file():
-            return folder / f"{name}.log.jsonl", folder / f"{name}.eval.json"
+        kept = folder / f"{name}.log.jsonl"
+        if kept.is_file():
+            if live.is_file() and live.read_bytes() != kept.read_bytes():
+                break
+            return kept, folder / f"{name}.eval.json"
+    if live.is_file():
+        return live, live.parent / "eval.json"
     return cards_dir / f"{name}.log.jsonl", cards_dir / f"{name}.eval.json"
+
+
+def record_runs(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
+                cards_dir: Path = REPO / "model_cards") -> list[Path]:
+    """Copy the log and eval.json of every finished run of the tier that is not bundled into
+    ``model_cards/runs/`` (the record the README's "trained here, not bundled" table and fresh clones read);
+    a run stopped by its time budget keeps its log. Returns the files written (unchanged copies are not)."""
+    written = []
+    for name in (n for names in get_tier(tier_name, tiers)["roles"].values() for n in names):
+        run = runs_dir / name
+        if (cards_dir / f"{name}.log.jsonl").is_file() or not (run / "log.jsonl").is_file():
+            continue  # bundled (its card keeps the copies), or never trained here
+        log = (run / "log.jsonl").read_bytes()
+        if not (run / "eval.json").is_file() and b'"budget_stop"' not in log:
+            continue  # still training: recorded when it finishes
+        for src in ("log.jsonl", "eval.json"):
+            dst = cards_dir / "runs" / f"{name}.{src}"
+            if (run / src).is_file() and (not dst.is_file() or dst.read_bytes() != (run / src).read_bytes()):
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes((run / src).read_bytes())
+                written.append(dst)
+    return written
 
 
 def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0) -> dict[str, Any]:
@@ -145,10 +179,7 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
 def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
             cards_dir: Path = REPO / "model_cards") -> dict[str, Any]:
     """The tier's report: every sweep point, the chosen run per role, the parameter budget and the claims."""
-    tiers = load_tiers() if tiers is None else tiers
-    if tier_name not in tiers:
-        raise KeyError(f"unknown tier {tier_name!r} (known: {', '.join(sorted(tiers))})")
-    tier = tiers[tier_name]
+    tier = get_tier(tier_name, tiers)
     metric = primary_metric(tier["dataset"])
     roles: dict[str, Any] = {}
     chosen: dict[str, dict[str, Any] | None] = {}
@@ -257,14 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs-dir", default=str(REPO / "runs"))
     ap.add_argument("--out-dir", default=str(REPO / "model_cards" / "tiers"))
     ap.add_argument("--figure-dir", default=str(REPO / "model_cards"))
+    ap.add_argument("--cards-dir", default=str(REPO / "model_cards"),
+                    help="where bundled runs keep their log/eval copies and unbundled ones their records (runs/)")
+    ap.add_argument("--no-record", action="store_true",
+                    help="do not copy finished, unbundled runs into CARDS_DIR/runs/ before the report")
     args = ap.parse_args(argv)
+    cards_dir = Path(args.cards_dir)
     for tier in args.tier:
         try:
-            report = compare(tier, Path(args.runs_dir))
+            recorded = [] if args.no_record else record_runs(tier, Path(args.runs_dir), cards_dir=cards_dir)
+            report = compare(tier, Path(args.runs_dir), cards_dir=cards_dir)
         except KeyError as e:
             print(f"error: {e.args[0]}", file=sys.stderr)
             return 2
-        for p in write(report, Path(args.out_dir), Path(args.figure_dir)):
+        for p in [*recorded, *write(report, Path(args.out_dir), Path(args.figure_dir))]:
             print(p)
     return 0
 
