@@ -73,7 +73,7 @@ def test_train_loss_claim_and_markdown(runs):
     assert (gru["baseline_final_train_loss"], gru["model_epoch_reached"], gru["met"]) == (4.5, 2, True)
     md = tiers.markdown(rep)
     assert "| lstm | **l-heavy** | finished | 5.20M | 4 | 110.00 | 100.00 |  |" in md
-    assert "| s2 | **not met** |" in md and "| s3 | met |" in md
+    assert "| s2 | **not met** | a vs l-heavy |" in md and "| s3 | met | g2 vs g1 |" in md
 
 
 def test_test_target_claim_has_no_baseline(runs):

@@ -230,10 +230,11 @@ def markdown(report: dict[str, Any]) -> str:
                   if r["run"] == info["chosen"]} - {None}
         scored = f" Test symbols scored: {counts.pop():,} (from each run's eval.json)." if len(counts) == 1 else ""
         lines += ["", report["note"] + scored]
-    lines += ["", "| claim | result | measured |", "|---|---|---|"]
+    lines += ["", "| claim | result | runs compared | measured |", "|---|---|---|---|"]
     for c in report["claims"]:
         verdict = {True: "met", False: "**not met**", None: "pending"}[c["met"]]
-        lines.append(f"| {c['source']} | {verdict} | {c['detail']} |")
+        runs = " vs ".join(c[k] for k in ("model_run", "baseline_run") if k in c)  # which sweep points decided
+        lines.append(f"| {c['source']} | {verdict} | {runs} | {c['detail']} |")
     lines += published_table(report, digits)
     return "\n".join(lines) + "\n"
 
