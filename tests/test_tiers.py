@@ -189,6 +189,8 @@ def test_a_run_stopped_before_the_tier_budget_is_shown_but_never_chosen(runs):
     ev = json.loads((runs / "l-heavy" / "eval.json").read_text())
     ev.update(epochs_trained=3, device="NVIDIA H100 80GB HBM3")
     (runs / "l-heavy" / "eval.json").write_text(json.dumps(ev))
+    with open(runs / "l-heavy" / "log.jsonl", "a") as f:  # what `zoo train --max-minutes` logs when it stops
+        f.write(json.dumps({"event": "budget_stop", "epoch": 3}) + "\n")
     rep = tiers.compare("t", runs, {"t": dict(TIERS["t"], epochs=4)})
     heavy = next(r for r in rep["roles"]["lstm"]["sweep"] if r["run"] == "l-heavy")
     assert heavy["status"] == "stopped early" and heavy["device"] == "H100 GPU"
@@ -326,3 +328,33 @@ def test_every_committed_tier_report_regenerates_from_committed_files(tier, tmp_
     assert again == kept
     logs = [r["log"] for info in kept["roles"].values() for r in info["sweep"] if "log" in r]
     assert logs and all((tiers.REPO / p).is_file() for p in logs)
+
+
+def test_a_sweep_prefix_is_set_against_the_chosen_run_at_equal_epochs(runs):
+    """A sweep point trained short on purpose (the full schedule's first epochs) is never chosen; if it is ahead of
+    the chosen run at its last epoch, the role is undecided and its claims pending until it is trained in full."""
+    tier = {"t": dict(TIERS["t"], epochs=4)}
+
+    def make_prefix(valids):
+        fake_run_dir = runs / "l-light"
+        recs = [{"epoch": i + 1, "valid_ppl": v, "valid_loss": math.log(v), "train_loss": 4.5, "seconds": 60.0}
+                for i, v in enumerate(valids)]
+        (fake_run_dir / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        ev = json.loads((fake_run_dir / "eval.json").read_text())
+        ev.update(epochs_trained=len(valids), valid={"ppl": valids[-1]})
+        (fake_run_dir / "eval.json").write_text(json.dumps(ev))
+
+    make_prefix([160, 125])  # l-heavy had 130 at epoch 2: the prefix is ahead
+    rep = tiers.compare("t", runs, tier)
+    light = next(r for r in rep["roles"]["lstm"]["sweep"] if r["run"] == "l-light")
+    assert light["status"] == "sweep prefix" and rep["roles"]["lstm"]["chosen"] == "l-heavy"
+    assert light["prefix"] == {"epoch": 2, "valid": 125.0, "chosen_run": "l-heavy", "chosen_valid": 130.0,
+                               "beats_chosen": True}
+    lstm_claims = [c for c in rep["claims"] if c.get("baseline") == "lstm"]
+    assert lstm_claims and all(c["met"] is None and "zoo train l-light --epochs 4 --resume" in c["detail"]
+                               for c in lstm_claims)
+    assert "sweep prefix" not in rep["claims"][2]["detail"]  # a claim on other roles is computed as usual
+    make_prefix([160, 135])  # behind at epoch 2: the full-budget run stands
+    rep = tiers.compare("t", runs, tier)
+    assert all(c["met"] is not None for c in rep["claims"] if c.get("baseline") == "lstm")
+    assert "| lstm | l-light | sweep prefix (epoch 2: 135.00 vs 130.00 for l-heavy) |" in tiers.markdown(rep)

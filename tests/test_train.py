@@ -363,3 +363,25 @@ def test_a_plain_train_never_replaces_an_earlier_run(tmp_path, kill_data):
         capture_output=True, text=True, cwd=REPO, timeout=600)
     assert two.returncode == 2 and "tiny-alstm already holds a run" in two.stderr, two.stderr
     assert not (tmp_path / "tiny-lstm").exists()   # refused before anything started
+
+
+def test_a_sweep_prefix_continued_to_the_full_budget_equals_the_full_run(tmp_path, kill_data):
+    """The long tiers sweep with prefixes: `zoo train NAME --epochs N` trains the full schedule's first N epochs
+    and evaluates; if the prefix wins, `--epochs FULL --resume` continues it. That must be the same run as one
+    trained to FULL at once (same epochs, same numbers), with the prefix's evaluation not counted as an epoch."""
+    recipe = write_recipe(tmp_path / "r.toml", epochs=2)
+    base = ["train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu"]
+    assert zoo(*base, "--run-dir", str(tmp_path / "full")).returncode == 0
+    prefix = zoo(*base, "--run-dir", str(tmp_path / "prefix"), "--epochs", "1")
+    assert prefix.returncode == 0, prefix.stderr[-2000:]
+    assert json.loads((tmp_path / "prefix" / "eval.json").read_text())["epochs_trained"] == 1
+    more = zoo(*base, "--run-dir", str(tmp_path / "prefix"), "--epochs", "2", "--resume")
+    assert more.returncode == 0, more.stderr[-2000:]
+
+    def epochs(run: str) -> list[tuple[int, float, float]]:
+        return [(r["epoch"], r["train_loss"], r["valid_ppl"]) for r in map(json.loads, (
+            tmp_path / run / "log.jsonl").read_text().splitlines()) if "valid_ppl" in r]
+
+    assert epochs("prefix") == epochs("full") and len(epochs("full")) == 2
+    evs = [json.loads((tmp_path / run / "eval.json").read_text()) for run in ("full", "prefix")]
+    assert evs[1]["epochs_trained"] == 2 and evs[1]["test"]["ppl"] == evs[0]["test"]["ppl"]

@@ -87,9 +87,11 @@ def record_runs(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = N
 
 
 def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0) -> dict[str, Any]:
-    """What a run has written: ``status`` (missing / unfinished / finished / stopped early), its epochs and,
-    when it has an eval.json, metrics. A run that ended (a wall-clock budget) before the tier's
-    ``epochs_budget`` is "stopped early": shown, but not comparable, so never chosen for its role."""
+    """What a run has written: ``status`` (missing / unfinished / finished / stopped early / sweep prefix), its
+    epochs and, when it has an eval.json, metrics. A run evaluated before the tier's ``epochs_budget`` is not
+    comparable, so never chosen for its role: "stopped early" when its wall-clock budget ended it, "sweep prefix"
+    when it was trained short on purpose (``zoo train NAME --epochs N``: the first N epochs of the full schedule),
+    which ``compare`` sets against the chosen run at the same epoch."""
     log_path, ev_path = run_files(name, runs_dir, cards_dir)
     if not log_path.is_file():
         return {"run": name, "status": "missing"}
@@ -109,8 +111,8 @@ def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0)
                    device=short_device(ev.get("device", "")),
                    reference=find_reference(ev) if "recipe" in ev else None,
                    test_tokens=ev["test"].get("num_tokens"))
-        if epochs_budget and ev["epochs_trained"] < epochs_budget:
-            out["status"] = "stopped early"
+        if epochs_budget and ev["epochs_trained"] < epochs_budget:  # a time budget ended it, or it was trained
+            out["status"] = "stopped early" if stopped else "sweep prefix"  # as a short sweep point on purpose
     return out
 
 
@@ -183,12 +185,20 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
     metric = primary_metric(tier["dataset"])
     roles: dict[str, Any] = {}
     chosen: dict[str, dict[str, Any] | None] = {}
+    undecided: dict[str, str] = {}  # role -> why its choice is not final yet
     for role, recipes in tier["roles"].items():
         runs = [read_run(name, runs_dir, cards_dir, tier.get("epochs", 0)) for name in recipes]
         for r in runs:  # an unfinished run shows where it stands (or that it diverged)
             if r["status"] in ("unfinished", "stopped early") and r["epochs"]:
                 r["last_valid"] = _epoch_metric(r["epochs"][-1], metric)
         chosen[role] = pick_role(runs)
+        for r in runs:
+            if r["status"] == "sweep prefix" and chosen[role] and r["epochs"]:
+                r["prefix"] = _prefix_check(r, chosen[role], metric)
+                if r["prefix"]["beats_chosen"]:
+                    undecided[role] = (f"pending: sweep prefix {r['run']} beats {chosen[role]['run']} on validation "
+                                       f"at epoch {r['prefix']['epoch']}; train it to the full budget "
+                                       f"(zoo train {r['run']} --epochs {tier.get('epochs')} --resume)")
         roles[role] = {"chosen": chosen[role]["run"] if chosen[role] else None,
                        "sweep": [{k: v for k, v in r.items() if k != "epochs"} | {"epochs_logged": len(r.get(
                            "epochs", []))} for r in runs]}
@@ -201,7 +211,27 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
             "curve": tier.get("curve", "time"), "note": tier.get("note"),
             "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "roles": roles,
-            "param_budget": budget, "claims": [check_claim(c, chosen, metric) for c in tier.get("claims", [])]}
+            "param_budget": budget, "claims": [_pending(c, undecided) or check_claim(c, chosen, metric)
+                                                for c in tier.get("claims", [])]}
+
+
+def _prefix_check(prefix: dict[str, Any], chosen: dict[str, Any], metric: str) -> dict[str, Any]:
+    """A sweep prefix against its role's chosen run at the prefix's last epoch (both on validation): the two share
+    the schedule's first epochs, so if the prefix is ahead there, the choice is not made yet."""
+    n = len(prefix["epochs"])
+    mine = _epoch_metric(prefix["epochs"][-1], metric)
+    theirs = _epoch_metric(chosen["epochs"][n - 1], metric) if len(chosen["epochs"]) >= n else None
+    return {"epoch": n, "valid": mine, "chosen_run": chosen["run"], "chosen_valid": theirs,
+            "beats_chosen": theirs is not None and mine < theirs}
+
+
+def _pending(claim: dict[str, Any], undecided: dict[str, str]) -> dict[str, Any] | None:
+    """A claim whose role choice is not final is pending, whatever the runs chosen so far would say."""
+    why = next((undecided[r] for r in (claim["model"], claim.get("baseline")) if r in undecided), None)
+    if why is None:
+        return None
+    return {k: claim[k] for k in ("kind", "model", "baseline", "source") if k in claim} | {"met": None,
+                                                                                           "detail": why}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -219,6 +249,10 @@ def markdown(report: dict[str, Any]) -> str:
                      ["", str(r["epochs_logged"] or ""),
                       f"({r['last_valid']:.{digits}f} at its last epoch)" if "last_valid" in r else "", "", ""])
             status = "not trained yet" if r["status"] == "missing" else r["status"]
+            if "prefix" in r and r["prefix"]["chosen_valid"] is not None:
+                px = r["prefix"]
+                status += (f" (epoch {px['epoch']}: {px['valid']:.{digits}f} vs {px['chosen_valid']:.{digits}f} "
+                           f"for {px['chosen_run']})")
             lines.append(f"| {role} | {name} | {status} | " + " | ".join(cells) + " |")
     b = report["param_budget"]
     if b:
