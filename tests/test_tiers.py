@@ -104,6 +104,11 @@ def test_write_files_and_readme_picks_them_up(runs, tmp_path):
     (tmp_path / "repo" / "zoo").mkdir()
     section = readme.models_section(tmp_path / "repo")
     assert "**test tier**" in section and "model_cards/tiers/t.json" in section and "t-tier-curve.png" in section
+    (out / "tiers" / "a-long.md").write_text("**long tier**\n")  # the README follows tiers.toml's order
+    (out / "tiers" / "zz-unlisted.md").write_text("**unlisted**\n")
+    (tmp_path / "repo" / "zoo" / "tools").mkdir()
+    (tmp_path / "repo" / "zoo" / "tools" / "tiers.toml").write_text('[t]\ntitle = "x"\n["a-long"]\ntitle = "y"\n')
+    assert [p.stem for p in readme.tier_reports(tmp_path / "repo")] == ["t", "a-long", "zz-unlisted"]
 
 
 def test_unknown_tier_is_a_clear_error(capsys):

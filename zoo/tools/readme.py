@@ -41,11 +41,21 @@ BENCHMARKS = [
 ]
 
 
+def tier_reports(repo: Path = REPO) -> list[Path]:
+    """The tier tables ``python -m zoo.tools.tiers`` wrote, in the order of zoo/tools/tiers.toml (each long-budget
+    tier before the short one it supersedes); a report whose tier is no longer listed comes last."""
+    from zoo.tools.tiers import load_tiers
+
+    toml = repo / "zoo" / "tools" / "tiers.toml"
+    order = {name: i for i, name in enumerate(load_tiers(toml) if toml.is_file() else {})}
+    return sorted((repo / "model_cards" / "tiers").glob("*.md"), key=lambda p: (order.get(p.stem, len(order)), p.stem))
+
+
 def models_section(repo: Path = REPO) -> str:
     from zoo.tools.cards import dynamic_results, models_table_markdown
 
     parts = [models_table_markdown(dynamic=dynamic_results(repo / RESULTS / "dynamic_eval.json")).strip()]
-    for tier in sorted((repo / "model_cards" / "tiers").glob("*.md")):  # written by `python -m zoo.tools.tiers`
+    for tier in tier_reports(repo):
         parts.append(f"{tier.read_text(encoding='utf-8').strip()}\n\n_Source: `model_cards/tiers/{tier.stem}.json`._")
     records = unbundled_runs_table(repo)
     if records:
