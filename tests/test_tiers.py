@@ -85,7 +85,7 @@ def test_test_target_claim_has_no_baseline(runs):
     rep = tiers.compare("t", runs, targets)
     at_most, above, pending = rep["claims"]
     assert (at_most["met"], at_most["measured"], at_most["model_run"]) == (True, 86, "a")
-    assert "baseline_run" not in at_most and at_most["detail"] == "test perplexity: 86 (target: at most 86)"
+    assert "baseline_run" not in at_most and at_most["detail"] == "test perplexity: 86.00 (target: at most 86.00)"
     assert above["met"] is False and above["model_run"] == "l-heavy"  # the run chosen on validation (test 100)
     assert pending["met"] is None  # g2 unfinished
     md = tiers.markdown(rep)

@@ -139,8 +139,8 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
     if kind != "test_target":
         res.update(baseline_run=base["run"])
 
-    def num(v: float) -> str:   # bpc to the papers' 3 decimals; perplexity to 4 significant digits
-        return f"{v:.3f}" if metric == "bits_per_char" else f"{v:.4g}"
+    def num(v: float) -> str:   # bpc to the papers' 3 decimals; perplexity to 2, as the tables (77.40, not 77.4)
+        return f"{v:.3f}" if metric == "bits_per_char" else f"{v:.2f}"
 
     if kind == "test_target":
         test = model["metrics"]["test"]
