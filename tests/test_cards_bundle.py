@@ -227,6 +227,12 @@ def test_rebundle_replaces_atomically_and_keeps_other_entries(bundled, tiny_run_
     cat = json.loads((pkg / "catalog.json").read_text())
     assert sorted(cat["models"]) == ["first", "second"] and cat["default"] is None
     assert entry["repo_id"] == "org/second" and cat["models"]["second"]["revision"] == "v2"
+    (pkg / "cards" / "runs").mkdir()   # "first" had been recorded as trained here, not bundled: bundling it
+    for suffix in (".eval.json", ".log.jsonl"):  # retires that record, so the README lists it once
+        (pkg / "cards" / "runs" / f"first{suffix}").write_text("{}")
+    (pkg / "cards" / "runs" / "other.log.jsonl").write_text("{}")
+    bundle_into(pkg, tiny_run_dir, "first")
+    assert [p.name for p in (pkg / "cards" / "runs").iterdir()] == ["other.log.jsonl"]
     bundle_into(pkg, tiny_run_dir, "second")  # re-bundling keeps the pinned repo and revision
     assert json.loads((pkg / "catalog.json").read_text())["models"]["second"]["repo_id"] == "org/second"
     assert sorted(p.name for p in (pkg / "pretrained").iterdir()) == ["first", "second"]  # no staging left

@@ -254,6 +254,8 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
     for src, suffix in (("eval.json", ".eval.json"), ("log.jsonl", ".log.jsonl")):
         if (run / src).is_file():
             shutil.copyfile(run / src, cards / f"{name}{suffix}")
+        # a run recorded as "trained here, not bundled" (model_cards/runs/) is bundled now: one copy, one place
+        (cards / "runs" / f"{name}{suffix}").unlink(missing_ok=True)
     for f, fig_name in zip(figs, fig_names, strict=True):
         if f.resolve() != (cards / fig_name).resolve():
             shutil.copyfile(f, cards / fig_name)
