@@ -72,12 +72,13 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
     import json
 
     from zoo.tools.cards import short_device
+    from zoo.tools.tiers import read_log, stopped_by_budget
 
     folder = repo / "model_cards" / "runs"
     rows = []
     for log in sorted(folder.glob("*.log.jsonl")):
         name = log.name.removesuffix(".log.jsonl")
-        recs = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        recs = read_log(log)
         epochs = [r for r in recs if "valid_ppl" in r]
         ev_path = folder / f"{name}.eval.json"
         if ev_path.is_file():
@@ -90,8 +91,7 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
                         + (f"{ref['valid']} / {ref['test']}" if "valid" in ref else "") + " |")
         else:
             last = f"({epochs[-1]['valid_ppl']:.2f} at epoch {epochs[-1]['epoch']})" if epochs else ""
-            stop = " (stopped by its time budget, not evaluated)" if any(r.get("event") == "budget_stop"
-                                                                          for r in recs) else ""
+            stop = " (stopped by its time budget, not evaluated)" if stopped_by_budget(recs) else ""
             rows.append(f"| {name}{stop} |  | {len(epochs)} |  | {last} |  |  |")
     if not rows:
         return ""

@@ -42,6 +42,16 @@ def get_tier(name: str, tiers: dict[str, Any] | None = None) -> dict[str, Any]:
     return tiers[name]
 
 
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """The records of a run's ``log.jsonl``."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def stopped_by_budget(log: list[dict[str, Any]]) -> bool:
+    """Whether the run's wall-clock budget (``max_minutes``) ended it: ``zoo train`` logs a ``budget_stop``."""
+    return any(r.get("event") == "budget_stop" for r in log)
+
+
 def _epoch_metric(rec: dict[str, Any], metric: str) -> float:
     """A log record's validation metric: perplexity, or bits per character for character-level data."""
     return rec["valid_ppl"] if metric == "perplexity" else rec["valid_loss"] / math.log(2)
@@ -74,8 +84,7 @@ def record_runs(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = N
         run = runs_dir / name
         if (cards_dir / f"{name}.log.jsonl").is_file() or not (run / "log.jsonl").is_file():
             continue  # bundled (its card keeps the copies), or never trained here
-        log = (run / "log.jsonl").read_bytes()
-        if not (run / "eval.json").is_file() and b'"budget_stop"' not in log:
+        if not (run / "eval.json").is_file() and not stopped_by_budget(read_log(run / "log.jsonl")):
             continue  # still training: recorded when it finishes
         for src in ("log.jsonl", "eval.json"):
             dst = cards_dir / "runs" / f"{name}.{src}"
@@ -95,10 +104,10 @@ def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0)
     log_path, ev_path = run_files(name, runs_dir, cards_dir)
     if not log_path.is_file():
         return {"run": name, "status": "missing"}
-    log = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    log = read_log(log_path)
     epochs = [r for r in log if "epoch" in r and "valid_ppl" in r]
     shown = log_path.relative_to(REPO) if log_path.is_relative_to(REPO) else log_path
-    stopped = any(r.get("event") == "budget_stop" for r in log)  # its wall-clock budget ended it
+    stopped = stopped_by_budget(log)
     out: dict[str, Any] = {"run": name, "status": "stopped early" if stopped else "unfinished", "epochs": epochs,
                            "log": shown.as_posix()}
     if ev_path.is_file():
