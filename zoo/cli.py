@@ -277,10 +277,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         recipe.train.precision = args.precision
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / recipe.name
     _check_run_dir(run_dir, args)
-    trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
-                      crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps,
-                      crash_signal=getattr(signal, f"SIG{args.crash_signal}"), log_to=tuple(args.log_to or ()),
-                      log_every_steps=args.log_every_steps)
+    try:
+        trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
+                          crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps,
+                          crash_signal=getattr(signal, f"SIG{args.crash_signal}"), log_to=tuple(args.log_to or ()),
+                          log_every_steps=args.log_every_steps, cuda_graphs=args.cuda_graphs)
+    except ValueError as e:      # options this run cannot take (--cuda-graphs on a CPU, a bad log target, ...)
+        raise UsageError(str(e)) from None
     try:
         result = trainer.run(resume=args.resume)
     except Interrupted as e:
@@ -431,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also log to TensorBoard (RUN_DIR/tensorboard: step-level loss and lr, epoch validation; "
                          "log.jsonl stays the source of record); view with `tensorboard --logdir runs`")
     sp.add_argument("--log-every-steps", type=int, default=50, help="steps between TensorBoard loss points")
+    sp.add_argument("--cuda-graphs", action="store_true",
+                    help="on a GPU: replay each update from a CUDA graph captured once per BPTT length (same "
+                         "arithmetic, one launch per step; stream-mode recipes, one process; zoo/captured_step.py)")
     sp.add_argument("--checkpoint-every-steps", type=int, default=0, help=argparse.SUPPRESS)
     sp.add_argument("--crash-after-steps", type=int, default=0, help=argparse.SUPPRESS)
     sp.add_argument("--crash-signal", default="KILL", choices=["KILL", "TERM", "INT"], help=argparse.SUPPRESS)

@@ -135,8 +135,13 @@ class LanguageModel(nn.Module):
         ``(loss, raw_out, dropped_out, state)``. The decoder runs fused with the loss, a block of rows at a time
         (:mod:`zoo.models._fused_loss`: the same numbers as decoding then ``cross_entropy``, without the logits)."""
         _, out, dropped, state = self.forward_hidden(tokens, state, decode=False)
-        loss = linear_cross_entropy(dropped.reshape(-1, dropped.shape[-1]), self.decoder.weight, self.decoder.bias,
-                                    targets.reshape(-1), ignore_index)
+        h = dropped.reshape(-1, dropped.shape[-1])
+        if h.is_cuda:
+            # On a GPU the logits are no memory burden and the blocked loss (a CPU cache optimisation) would
+            # synchronise on the target count, which a CUDA graph cannot capture: decode, then float32 loss.
+            loss = F.cross_entropy(self.decoder(h).float(), targets.reshape(-1), ignore_index=ignore_index)
+        else:
+            loss = linear_cross_entropy(h, self.decoder.weight, self.decoder.bias, targets.reshape(-1), ignore_index)
         return loss, out, dropped, state
 
     def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:

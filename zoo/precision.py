@@ -35,13 +35,14 @@ def check(name: str) -> str:
     return name
 
 
-def autocast(name: str, device: torch.device | str) -> contextlib.AbstractContextManager:
-    """The context a forward pass runs in for precision ``name`` on ``device`` (a no-op for fp32)."""
+def autocast(name: str, device: torch.device | str, cache: bool = True) -> contextlib.AbstractContextManager:
+    """The context a forward pass runs in for precision ``name`` on ``device`` (a no-op for fp32). ``cache``:
+    autocast's cache of cast weights, which a CUDA graph capture must run without."""
     dtype = PRECISIONS[check(name)]
     if dtype is None:
         return contextlib.nullcontext()
     device_type = torch.device(device).type
-    return torch.autocast(device_type, dtype=dtype)
+    return torch.autocast(device_type, dtype=dtype, cache_enabled=cache)
 
 
 

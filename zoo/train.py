@@ -181,6 +181,8 @@ def _local_device(device: torch.device) -> torch.device:
     if device.type == "cuda":
         if device.index is None and "LOCAL_RANK" in os.environ:
             device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        if device.index is None:   # torch 2.11 refuses set_device("cuda") without an index
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     return device
 
@@ -221,13 +223,26 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], scalars: dict[str, An
     return {"state": state, "param_groups": scalars["param_groups"]}
 
 
+def _set_capturable(opt: torch.optim.Optimizer, on: bool) -> None:
+    """Make a loaded Adam match this run: a checkpoint carries its writer's ``capturable`` flag and step counters
+    (on the device when captured, on the CPU when not), and either run may resume the other's checkpoint."""
+    if not any("capturable" in g for g in opt.param_groups):
+        return
+    for g in opt.param_groups:
+        g["capturable"] = on
+        for p in g["params"]:
+            st = opt.state.get(p, {})
+            if torch.is_tensor(st.get("step")):
+                st["step"] = st["step"].to(p.device if on else "cpu", torch.float32)
+
+
 class Trainer:
     """Trains one recipe into ``run_dir``; see the module docstring."""
 
     def __init__(self, recipe: Recipe, run_dir: str | os.PathLike, data_dir: str | None = None,
                  device: str | None = None, progress: bool = True, crash_after_steps: int = 0,
                  checkpoint_every_steps: int = 0, crash_signal: int = signal.SIGKILL,
-                 log_to: tuple[str, ...] = (), log_every_steps: int = 50):
+                 log_to: tuple[str, ...] = (), log_every_steps: int = 50, cuda_graphs: bool = False):
         self.recipe, self.cfg = recipe, recipe.train
         self.run_dir = Path(run_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -264,6 +279,7 @@ class Trainer:
             self.train_module = torch.nn.parallel.DistributedDataParallel(self.train_module, device_ids=ids)
         if self.rank > 0:
             torch.manual_seed(rank_seed(recipe.seed, self.rank))
+        self.cuda_graphs = cuda_graphs
         self.optimizer = self._make_optimizer(self.cfg.optimizer)
         self.sentence_mode = self.cfg.mode == "sentences"
         if self.sentence_mode:
@@ -286,17 +302,24 @@ class Trainer:
         self.bptt_rng = np.random.default_rng(recipe.seed)
         self.epoch_loss, self.epoch_tokens, self.epoch_seconds = 0.0, 0, 0.0
         self.asgd = False  # set when NT-ASGD switches to averaged SGD
+        self._graphs: Any = None
+        if cuda_graphs:
+            from zoo.captured_step import CapturedSteps
+            self._graphs = CapturedSteps(self)
 
     # -- setup ---------------------------------------------------------------------------------------
     def _make_optimizer(self, kind: str) -> torch.optim.Optimizer:
         params = self.model.parameters()
         if kind == "adam":
+            # capturable: its step count lives on the device, so a CUDA graph can replay the update
             return torch.optim.Adam(params, lr=self.cfg.lr, betas=tuple(self.cfg.adam_betas),
-                                    eps=self.cfg.adam_eps, weight_decay=self.cfg.weight_decay)
+                                    eps=self.cfg.adam_eps, weight_decay=self.cfg.weight_decay,
+                                    capturable=self.cuda_graphs)
         if kind in ("sgd", "ntasgd"):
             return torch.optim.SGD(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         if kind == "asgd":
-            return torch.optim.ASGD(params, lr=self.lr, t0=0, lambd=0.0, weight_decay=self.cfg.weight_decay)
+            return torch.optim.ASGD(params, lr=self.lr, t0=0, lambd=0.0, weight_decay=self.cfg.weight_decay,
+                                    capturable=self.cuda_graphs)
         raise ValueError(f"unknown optimizer {kind!r} (sgd, adam, ntasgd)")
 
     # -- checkpoints ------------------------------------------------------------------------------------
@@ -357,6 +380,7 @@ class Trainer:
             self.asgd = True
             self.optimizer = self._make_optimizer("asgd")
         self.optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optim_scalars"]))
+        _set_capturable(self.optimizer, self.cuda_graphs)
         torch.set_rng_state(tensors["rng.torch"])
         if "rng.cuda" in tensors and self.device.type == "cuda":
             torch.cuda.set_rng_state(tensors["rng.cuda"], self.device)
@@ -448,14 +472,25 @@ class Trainer:
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, seq_len: int) -> float:
         """One update on ``x -> y`` (``[B, T]``); returns the mean loss over the predicted targets. Targets equal
-        to ``PAD_TARGET`` (sentence mode's padding) are not predicted: they count in neither the loss nor AR/TAR."""
-        for g in self.optimizer.param_groups:
-            g["lr"] = self.lr * seq_len / self.cfg.bptt
+        to ``PAD_TARGET`` (sentence mode's padding) are not predicted: they count in neither the loss nor AR/TAR.
+        With ``cuda_graphs`` the same update is replayed from a CUDA graph (:mod:`zoo.captured_step`)."""
+        if self._graphs is not None:
+            return self._graphs.step(x, y, seq_len)
         if self.state is not None:
             self.state = tuple(s.detach() for s in self.state)
-        with autocast(self.cfg.precision, self.device):
+        loss, self.state = self.update(x, y, seq_len, self.state)
+        return float(loss)
+
+    def update(self, x: torch.Tensor, y: torch.Tensor, seq_len: int, state: Any,
+               capturing: bool = False) -> tuple[torch.Tensor, Any]:
+        """The arithmetic of one update: ``(mean loss, new state)`` as tensors, with no host synchronisation, so
+        that :mod:`zoo.captured_step` can capture exactly this code as a CUDA graph (``capturing``: autocast's
+        weight cache off, as graphs require)."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.lr * seq_len / self.cfg.bptt
+        with autocast(self.cfg.precision, self.device, cache=not capturing):
             # decoder fused with the loss (zoo.models._fused_loss): logits, softmax and loss in float32
-            loss, raw, dropped, self.state = self.train_module(x, y, self.state)
+            loss, raw, dropped, state = self.train_module(x, y, state)
         total = loss * seq_len if self.cfg.time_summed_loss else loss
         keep = (y != PAD_TARGET).unsqueeze(-1).to(raw.dtype) if self.sentence_mode else None
         if self.cfg.alpha:
@@ -476,7 +511,7 @@ class Trainer:
         self.optimizer.step()
         for g in self.optimizer.param_groups:
             g["lr"] = self.lr
-        return float(loss.detach())
+        return loss.detach(), state
 
     def run(self, resume: bool = False) -> dict[str, Any]:
         """Train to the recipe's end (or its time budget), then :meth:`finish`.

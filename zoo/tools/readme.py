@@ -38,6 +38,7 @@ BENCHMARKS = [
     ("quantization.md", "int8 ONNX quantisation"),
     ("serving.md", "TorchServe under load"),
     ("dynamic_eval.md", "Dynamic evaluation: tuned on PTB validation, measured once on test"),
+    ("cuda_step.md", "CUDA graphs: the captured training step against the eager one (a lent GPU)"),
 ]
 
 
@@ -130,7 +131,7 @@ READMES: dict[str, dict[str, Callable[[Path], str]]] = {
 }
 
 
-def write_result(out: str | Path, data: dict, table: str) -> Path:
+def write_result(out: str | Path, data: dict | list, table: str) -> Path:
     """What every benchmark does with its result: ``out`` (JSON), the markdown ``table`` beside it (``.md``),
     then the READMEs regenerated from them, so no README number is ever typed by hand."""
     import json
