@@ -29,6 +29,7 @@ must exist before a capture.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,8 +105,6 @@ class CapturedSteps:
             b.copy_(s.detach())
 
     def _capture(self, x: torch.Tensor, y: torch.Tensor, seq_len: int) -> _Graph:
-        import time
-
         t0 = time.perf_counter()
         sx, sy = x.detach().clone().contiguous(), y.detach().clone().contiguous()
         graph = torch.cuda.CUDAGraph()
