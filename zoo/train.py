@@ -489,7 +489,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = self.lr * seq_len / self.cfg.bptt
         with autocast(self.cfg.precision, self.device, cache=not capturing):
-            # decoder fused with the loss (zoo.models._fused_loss): logits, softmax and loss in float32
+            # logits, softmax and loss in float32 (on the CPU the decoder is fused with the loss: zoo.lm)
             loss, raw, dropped, state = self.train_module(x, y, state)
         total = loss * seq_len if self.cfg.time_summed_loss else loss
         keep = (y != PAD_TARGET).unsqueeze(-1).to(raw.dtype) if self.sentence_mode else None
