@@ -25,7 +25,7 @@ def run_mode(recipe: Recipe, data_dir: str | None, graphs: bool, steps: int, war
     t = Trainer(recipe, "/tmp/cuda_step_unused", data_dir=data_dir, device="cuda", progress=False, cuda_graphs=graphs)
     B = recipe.train.batch_size
     tokens = seconds = 0.0
-    captured_steps = 0
+    timed = 0
     for i in range(steps):
         x, y, seq_len, t.pos = t._next_batch(None)
         before = t._graphs.captures if graphs else 0
@@ -34,13 +34,13 @@ def run_mode(recipe: Recipe, data_dir: str | None, graphs: bool, steps: int, war
         t.train_step(x, y, seq_len)            # returns a float: the step has ended on the GPU
         dt = time.perf_counter() - t0
         if graphs and t._graphs.captures > before:
-            captured_steps += 1
-            continue
+            continue                             # a capture step: its cost is reported as capture_seconds
         if i >= warmup:
             tokens += B * seq_len
             seconds += dt
+            timed += 1
     rec = {"model": recipe.name, "num_parameters": t.model.num_parameters(), "precision": recipe.train.precision,
-           "mode": "captured" if graphs else "eager", "steps_timed": steps - warmup - captured_steps,
+           "mode": "captured" if graphs else "eager", "steps_timed": timed,
            "train_tokens_per_s": tokens / seconds, "device": torch.cuda.get_device_name()}
     if graphs:
         rec.update(captures=t._graphs.captures, capture_seconds=round(t._graphs.capture_seconds, 2))

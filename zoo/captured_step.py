@@ -21,10 +21,10 @@ replay draws fresh masks and a checkpoint's CUDA RNG state still resumes the str
 ones the eager step would draw; the parity test therefore compares eager and captured updates with dropout
 off (``tests/test_train.py``).
 
-Limits, checked when the trainer is built: a CUDA device, the stream mode, one process (no torchrun), and an
-optimiser that can be captured (Adam, ASGD with ``capturable``; plain SGD). The first ``warmup`` updates of a
-process run eagerly on the capture stream: they create the optimiser's state and the libraries' handles, which
-must exist before a capture.
+Limits, checked when the trainer is built: a CUDA device, the stream mode, one process (no torchrun). The
+trainer builds Adam and ASGD with ``capturable`` for it (plain SGD keeps no step counter and needs nothing).
+The first ``warmup`` updates of a process run eagerly on the capture stream: they create the optimiser's state and
+the libraries' handles, which must exist before a capture.
 """
 
 from __future__ import annotations
