@@ -147,6 +147,14 @@ def test_bundled_tiers_are_fair_before_any_compute_is_spent():
         for claim in tier.get("claims", []):
             roles = [claim["model"]] + ([claim["baseline"]] if "baseline" in claim else [])
             assert len(set().union(*(optim[r] for r in roles))) == 1, (tier_name, claim["source"])
+        for name, others in tier.get("seeds", {}).items():  # another seed: the same recipe but for its seed
+            assert any(name in names for names in tier["roles"].values()), (tier_name, name)
+            base = Recipe.load(recipe_path(name)).to_dict()
+            for other in others:
+                rec = Recipe.load(recipe_path(other)).to_dict()
+                assert rec["seed"] != base["seed"] and rec["name"] == other, (tier_name, other)
+                assert {k: v for k, v in rec.items() if k not in ("name", "seed", "description")} == \
+                    {k: v for k, v in base.items() if k not in ("name", "seed", "description")}, (tier_name, other)
 
 
 def test_card_section_and_bundle_lookup(runs, tmp_path):
@@ -363,3 +371,38 @@ def test_a_sweep_prefix_is_set_against_the_chosen_run_at_equal_epochs(runs):
     rep = tiers.compare("t", runs, tier)
     assert all(c["met"] is not None for c in rep["claims"] if c.get("baseline") == "lstm")
     assert "| lstm | l-light | sweep prefix (epoch 2: 135.00 vs 130.00 for l-heavy) |" in tiers.markdown(rep)
+
+
+def test_a_small_gap_waits_for_the_other_seeds_and_is_decided_on_the_means(runs):
+    """Under ``seeds_below`` one seed does not decide a test_improvement claim: it is pending until every listed
+    seed of both chosen runs has finished, then computed from the mean test metric (each seed and the spread
+    shown); a gap at least that large is decided on one seed as before."""
+    claim = {"kind": "test_improvement", "model": "alstm", "baseline": "lstm", "min_rel": 0.05, "seeds_below": 0.03,
+             "source": "s1"}
+    tier = {"t": TIERS["t"] | {"claims": [claim]}}
+    (runs / "a" / "eval.json").write_text(json.dumps(json.loads((runs / "a" / "eval.json").read_text())
+                                                     | {"test": {"ppl": 98.0}}))  # 2% below l-heavy's 100
+    (c,) = tiers.compare("t", runs, tier)["claims"]
+    assert c["met"] is None and "list more seeds of a and l-heavy" in c["detail"]
+    tier["t"]["seeds"] = {"a": ["a-s2"], "l-heavy": ["l-heavy-s2"]}
+    fake_run(runs, "a-s2", [150, 120, 100, 91], [5.0, 4.6, 4.4, 4.3], valid=91, test=94)
+    fake_run(runs, "l-heavy-s2", [170, 130, 115, 111], [5.1, 4.8, 4.6, 4.5], valid=111, test=104, finished=False)
+    rep = tiers.compare("t", runs, tier)
+    (c,) = rep["claims"]
+    assert c["met"] is None and c["detail"].endswith("train the other seeds (l-heavy-s2)")
+    assert "| lstm | l-heavy-s2 | other seed of l-heavy: unfinished |" in tiers.markdown(rep)
+    (runs / "l-heavy-s2" / "eval.json").write_text(json.dumps({
+        "dataset": "ptb", "architecture": "x", "num_parameters": 5_200_000, "train_seconds": 240.0,
+        "epochs_trained": 4, "valid": {"ppl": 111}, "test": {"ppl": 104}}))
+    rep = tiers.compare("t", runs, tier)
+    (c,) = rep["claims"]
+    assert c["one_seed_rel"] == pytest.approx(0.02)
+    assert c["measured_rel"] == pytest.approx(1 - 96 / 102) and c["met"] is True  # means 96 vs 102: 5.9% lower
+    assert "96.00 (seeds: 98.00, 94.00; spread 4.00) vs 102.00 (seeds: 100.00, 104.00; spread 4.00)" in c["detail"]
+    assert rep["roles"]["alstm"]["seeds"]["mean_test"] == 96.0
+    assert "| alstm | a-s2 | other seed of a: finished |  |  | 91.00 | 94.00 |  |" in tiers.markdown(rep)
+    written = tiers.record_runs("t", runs, tier, cards_dir=runs / "cards")
+    assert {"a-s2.eval.json", "l-heavy-s2.eval.json"} <= {p.name for p in written}
+    claim["seeds_below"] = 0.01  # a 2% gap is then decided on one seed
+    (c,) = tiers.compare("t", runs, tier)["claims"]
+    assert c["met"] is False and "one_seed_rel" not in c and c["measured_rel"] == pytest.approx(0.02)

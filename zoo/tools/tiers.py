@@ -7,6 +7,11 @@ written to ``model_cards/tiers/<tier>.json`` (numbers) and ``.md`` (the README's
 ``model_cards/<tier>-tier-curve.png``. Roles whose runs are missing or unfinished are reported as such, and
 a claim that cannot be computed yet says so instead of guessing.
 
+A tier's ``seeds`` table lists more seeds of a sweep point (its recipe with only ``seed`` changed). A
+``test_improvement`` claim with ``seeds_below`` is decided on one seed only when the gap is at least that large;
+a smaller gap is within what a second seed can move, so the claim waits for every listed seed of both chosen runs
+and is then decided on the means (each seed and the spread are reported).
+
     python -m zoo.tools.tiers ptb-5m                 # reads runs/<recipe>/ (else the bundled copies of its log and
                                                # eval.json in model_cards/), writes model_cards/tiers/ptb-5m.*
                                                # and records finished unbundled runs in model_cards/runs/
@@ -80,7 +85,8 @@ def record_runs(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = N
     ``model_cards/runs/`` (the record the README's "trained here, not bundled" table and fresh clones read);
     a run stopped by its time budget keeps its log. Returns the files written (unchanged copies are not)."""
     written = []
-    for name in (n for names in get_tier(tier_name, tiers)["roles"].values() for n in names):
+    tier = get_tier(tier_name, tiers)
+    for name in [n for names in [*tier["roles"].values(), *tier.get("seeds", {}).values()] for n in names]:
         run = runs_dir / name
         if (cards_dir / f"{name}.log.jsonl").is_file() or not (run / "log.jsonl").is_file():
             continue  # bundled (its card keeps the copies), or never trained here
@@ -157,10 +163,12 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
                    detail=f"test {metric}: {num(test)} (target: at most {num(claim['max'])})")
     elif kind == "test_improvement":
         rel = 1 - model["metrics"]["test"] / base["metrics"]["test"]
+        target = f"target: at least {100 * claim['min_rel']:.1f}% lower"
         res.update(target_min_rel=claim["min_rel"], measured_rel=rel, met=rel >= claim["min_rel"],
                    detail=f"test {metric}: {num(model['metrics']['test'])} vs {num(base['metrics']['test'])} "
-                          f"({abs(100 * rel):.1f}% {'lower' if rel >= 0 else 'higher'}; target: at least "
-                          f"{100 * claim['min_rel']:.1f}% lower)")
+                          f"({abs(100 * rel):.1f}% {'lower' if rel >= 0 else 'higher'}; {target})")
+        if abs(rel) < claim.get("seeds_below", 0.0):
+            res.update(_seeded_improvement(claim, model, base, rel, num, metric, target))
     elif kind == "epochs_to_baseline_best":
         base_vals = [_epoch_metric(r, metric) for r in base["epochs"]]
         best = min(base_vals)
@@ -187,6 +195,43 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
     return res
 
 
+def _seeded_improvement(claim: dict[str, Any], model: dict[str, Any], base: dict[str, Any], rel: float,
+                        num: Any, metric: str, target: str) -> dict[str, Any]:
+    """A ``test_improvement`` whose one-seed gap is under ``seeds_below``: pending until every listed seed of both
+    chosen runs has finished, then decided on the mean test metric over the seeds."""
+    gap = f"one-seed gap {abs(100 * rel):.1f}% is under {100 * claim['seeds_below']:.0f}%"
+    missing = [r["run"] for r in (model, base) if not r.get("seeds")]
+    if missing:
+        return {"met": None, "detail": f"pending: {gap}; list more seeds of {' and '.join(missing)} in the tier's "
+                                       f"seeds table and train them"}
+    todo = [s["run"] for r in (model, base) for s in r["seeds"]["runs"] if s["status"] != "finished"]
+    if todo:
+        return {"met": None, "detail": f"pending: {gap}; train the other seeds ({', '.join(todo)})"}
+    m, b = model["seeds"], base["seeds"]
+    mean_rel = 1 - m["mean_test"] / b["mean_test"]
+
+    def show(s: dict[str, Any]) -> str:
+        return (f"{num(s['mean_test'])} (seeds: {', '.join(num(t) for t in s['test'])}; "
+                f"spread {num(s['max_test'] - s['min_test'])})")
+
+    return {"measured_rel": mean_rel, "one_seed_rel": rel, "met": mean_rel >= claim["min_rel"],
+            "detail": f"mean test {metric} over {len(m['test'])} and {len(b['test'])} seeds ({gap}): {show(m)} vs "
+                      f"{show(b)} ({abs(100 * mean_rel):.1f}% {'lower' if mean_rel >= 0 else 'higher'}; {target})"}
+
+
+def _seed_summary(chosen: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chosen run with its other seeds: each run's status, and over the finished ones the test and
+    validation metrics, their mean and range."""
+    done = [chosen, *(r for r in others if r["status"] == "finished")]
+    test = [r["metrics"]["test"] for r in done]
+    valid = [r["metrics"]["valid"] for r in done]
+    return {"runs": [{"run": r["run"], "status": r["status"],
+                      **({"test": r["metrics"]["test"], "valid": r["metrics"]["valid"]} if "metrics" in r else {})}
+                     for r in others],
+            "test": test, "valid": valid, "mean_test": sum(test) / len(test), "min_test": min(test),
+            "max_test": max(test), "mean_valid": sum(valid) / len(valid)}
+
+
 def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
             cards_dir: Path = REPO / "model_cards") -> dict[str, Any]:
     """The tier's report: every sweep point, the chosen run per role, the parameter budget and the claims."""
@@ -201,6 +246,10 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
             if r["status"] in ("unfinished", "stopped early") and r["epochs"]:
                 r["last_valid"] = _epoch_metric(r["epochs"][-1], metric)
         chosen[role] = pick_role(runs)
+        seed_runs = tier.get("seeds", {}).get(chosen[role]["run"], []) if chosen[role] else []
+        if seed_runs:
+            chosen[role] = chosen[role] | {"seeds": _seed_summary(chosen[role], [
+                read_run(name, runs_dir, cards_dir, tier.get("epochs", 0)) for name in seed_runs])}
         for r in runs:
             if r["status"] == "sweep prefix" and chosen[role] and r["epochs"]:
                 r["prefix"] = _prefix_check(r, chosen[role], metric)
@@ -209,6 +258,7 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
                                        f"at epoch {r['prefix']['epoch']}; train it to the full budget "
                                        f"(zoo train {r['run']} --epochs {tier.get('epochs')} --resume)")
         roles[role] = {"chosen": chosen[role]["run"] if chosen[role] else None,
+                       **({"seeds": chosen[role]["seeds"]} if chosen[role] and "seeds" in chosen[role] else {}),
                        "sweep": [{k: v for k, v in r.items() if k != "epochs"} | {"epochs_logged": len(r.get(
                            "epochs", []))} for r in runs]}
     params = [c["num_parameters"] for c in chosen.values() if c]
@@ -263,6 +313,11 @@ def markdown(report: dict[str, Any]) -> str:
                 status += (f" (epoch {px['epoch']}: {px['valid']:.{digits}f} vs {px['chosen_valid']:.{digits}f} "
                            f"for {px['chosen_run']})")
             lines.append(f"| {role} | {name} | {status} | " + " | ".join(cells) + " |")
+        for r in info.get("seeds", {}).get("runs", []):
+            cells = ["", "", f"{r['valid']:.{digits}f}", f"{r['test']:.{digits}f}", ""] if "test" in r else [""] * 5
+            status = "not trained yet" if r["status"] == "missing" else r["status"]
+            lines.append(f"| {role} | {r['run']} | other seed of {info['chosen']}: {status} | " + " | ".join(cells)
+                         + " |")
     b = report["param_budget"]
     if b:
         lines += ["", f"Parameter budget of the chosen runs: {b['min']:,} to {b['max']:,} "
