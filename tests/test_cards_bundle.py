@@ -238,6 +238,36 @@ def test_rebundle_replaces_atomically_and_keeps_other_entries(bundled, tiny_run_
     assert sorted(p.name for p in (pkg / "pretrained").iterdir()) == ["first", "second"]  # no staging left
 
 
+def test_retire_keeps_the_run_as_a_record_and_refuses_the_default(tiny_run_dir, tmp_path, capsys, monkeypatch):
+    """A model a longer tier supersedes leaves the zoo (folder, catalogue entry, card, figure) and its evaluation
+    files become a "trained here, not bundled" record; the default model and unknown names are refused."""
+    from zoo.tools.bundle import retire
+
+    pkg = tmp_path / "pkg"
+    bundle_into(pkg, tiny_run_dir, "old", figures=[tiny_png(tmp_path / "old-curve.png")])
+    bundle_into(pkg, tiny_run_dir, "new", default=True)
+    cards_dir = pkg / "cards"
+    ev = (cards_dir / "old.eval.json").read_bytes()
+    assert (cards_dir / "old-curve.png").is_file()
+    records = retire("old", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained",
+                     cards_dir=cards_dir)
+    assert [p.name for p in records] == ["old.eval.json", "old.log.jsonl"]
+    assert (cards_dir / "runs" / "old.eval.json").read_bytes() == ev
+    assert sorted(p.name for p in cards_dir.iterdir()) == ["new.eval.json", "new.log.jsonl", "new.md", "runs"]
+    assert sorted(json.loads((pkg / "catalog.json").read_text())["models"]) == ["new"]
+    assert sorted(p.name for p in (pkg / "pretrained").iterdir()) == ["new"]
+    with pytest.raises(BundleError, match="is the default model"):
+        retire("new", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards_dir)
+    bundle_into(pkg, tiny_run_dir, "old")  # bundled again: the record goes back beside the card, one copy
+    assert sorted(p.name for p in (cards_dir / "runs").iterdir()) == []
+    monkeypatch.setenv("ZOO_CATALOG", str(pkg / "catalog.json"))
+    monkeypatch.setenv("ZOO_MODEL_CARDS_DIR", str(cards_dir))
+    code, _, err = run_main(capsys, "bundle", "--retire", "nope")
+    assert code == 2 and err.count("\n") == 1 and "'nope' is not in the catalogue" in err
+    code, out, _ = run_main(capsys, "bundle", "--retire", "old")
+    assert code == 0 and out.startswith("retired old:") and not (pkg / "pretrained" / "old").exists()
+
+
 def test_bad_inputs_are_one_line_errors(tiny_run_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("ZOO_CATALOG", str(tmp_path / "c.json"))
     code, _, err = run_main(capsys, "bundle", str(tmp_path / "nope"))

@@ -5,7 +5,9 @@ A run dir made by ``zoo train`` holds ``release/`` (the checkpoint to ship), ``e
 card (``README.md``, also copied to ``model_cards/<name>.md``, beside the run's ``eval.json`` and
 ``log.jsonl`` as ``<name>.eval.json`` / ``<name>.log.jsonl``), hashes every file, and records the
 model in the catalogue (``zoo/catalog.json``), which is what downloads are verified against.
-Every metric comes from ``eval.json``; nothing is typed. The target folders are parameters (and
+Every metric comes from ``eval.json``; nothing is typed. ``zoo bundle --retire NAME`` undoes it for a model a
+longer-budget tier supersedes: the run stays a record ("trained here, not bundled", ``model_cards/runs/``).
+The target folders are parameters (and
 ``$ZOO_CATALOG`` / ``$ZOO_PRETRAINED_DIR`` / ``$ZOO_MODEL_CARDS_DIR``) so tests never touch the
 real package. Files are staged and swapped in, so a failed bundle leaves the old copy intact.
 """
@@ -282,6 +284,41 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
     return dict(entry, directory=str(final), card=str(cards / f"{name}.md"))
 
 
+def retire(name: str, *, pretrained_dir: str | os.PathLike | None = None,
+           catalog_file: str | os.PathLike | None = None, cards_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Take a bundled model out of the zoo and keep its run as a record: its folder, catalogue entry, card and
+    figures go; its ``eval.json`` / ``log.jsonl`` copies move to ``model_cards/runs/`` (where tier reports and the
+    README's "trained here, not bundled" table read them). The default model cannot be retired (bundle another
+    with ``--default`` first). Returns the record files."""
+    cat_file = Path(catalog_file) if catalog_file else catalog_path()
+    target_root = Path(pretrained_dir) if pretrained_dir else (cat_file.parent / "pretrained" if catalog_file
+                                                               else bundled_dir())
+    cards = Path(cards_dir) if cards_dir else default_cards_dir()
+    cat = read_catalog(cat_file)
+    entry = cat["models"].get(name)
+    if entry is None:
+        raise BundleError(f"{name!r} is not in the catalogue {cat_file} (known: {', '.join(sorted(cat['models']))})")
+    if cat["default"] == name:
+        raise BundleError(f"{name!r} is the default model: bundle another with --default before retiring it")
+    kept = [cards / f"{name}{suffix}" for suffix in (".eval.json", ".log.jsonl")]
+    if not all(p.is_file() for p in kept):
+        raise BundleError(f"{name}: its evaluation files ({', '.join(p.name for p in kept)}) are not in {cards}; "
+                          "without them the record could not be kept")
+    records = []
+    (cards / "runs").mkdir(parents=True, exist_ok=True)
+    for src in kept:  # the record first: an interruption leaves the model bundled, never lost
+        dst = cards / "runs" / src.name
+        shutil.copyfile(src, dst)
+        records.append(dst)
+    update_catalog(cat_file, lambda c: c["models"].pop(name))
+    figures = [f for f in entry.get("files", {}) if Path(f).suffix.lower() in FIGURE_SUFFIXES]
+    for p in [*kept, cards / f"{name}.md", *(cards / f for f in figures)]:
+        p.unlink(missing_ok=True)
+    if (target_root / name).is_dir():
+        shutil.rmtree(target_root / name)
+    return records
+
+
 # -- command line -------------------------------------------------------------------------------------------
 def cmd_bundle(args: argparse.Namespace) -> int:
     from zoo.errors import UsageError
@@ -290,8 +327,16 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     if args.readme_table:
         print(models_table_markdown(), end="")
         return 0
+    if args.retire:
+        if args.run_dir:
+            raise UsageError("--retire takes model names, not a run directory")
+        for name in args.retire:
+            records = retire(name)
+            print(f"retired {name}: removed from the catalogue and zoo/pretrained/; its record: "
+                  f"{', '.join(str(p) for p in records)}")
+        return 0
     if not args.run_dir:
-        raise UsageError("give a run directory (made by `zoo train`), or --readme-table")
+        raise UsageError("give a run directory (made by `zoo train`), --retire NAME, or --readme-table")
     entry = bundle(args.run_dir, args.name, default=args.default, figures=args.figure or [],
                    recipe_path=args.recipe, repo_id=args.repo_id, revision=args.revision, license=args.license)
     m = entry["metrics"]
@@ -311,6 +356,8 @@ def add_cli(subparsers) -> None:
     sp.add_argument("--repo-id", help=f"Hub repository (default: {DEFAULT_ORG}/<name>)")
     sp.add_argument("--revision", help=f"Hub revision (tag) the release is pinned to (default: {DEFAULT_REVISION})")
     sp.add_argument("--license", default="mit", help="licence id for the card (default: mit)")
+    sp.add_argument("--retire", nargs="+", metavar="NAME", help="take bundled model(s) out of the zoo, keeping "
+                    "each run as a record in model_cards/runs/ (for models a longer-budget tier supersedes)")
     sp.add_argument("--readme-table", action="store_true", help="print the README's models table (markdown) "
                     "generated from the catalogue, and exit")
     sp.set_defaults(func=cmd_bundle)
