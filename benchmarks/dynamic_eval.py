@@ -1,5 +1,5 @@
-"""Dynamic evaluation (``zoo.dynamic``) of the default model: the validation grid its defaults come from, static vs
-dynamic perplexity on validation and test, and the speed cost, in one run.
+"""Dynamic evaluation (``zoo.dynamic``) of alstm-ptb-5m-light (the default model when it was run): the validation
+grid its defaults come from, static vs dynamic perplexity on validation and test, and the speed cost, in one run.
 
 Sections (all measured by this script, in this order):
 

@@ -183,6 +183,12 @@ def run_setting(name: str, source: str, opts: ArchiveOptions, args: argparse.Nam
     return res
 
 
+def _model_named(result: dict[str, Any]) -> str:
+    """The model as measured: ``default`` moves with the catalogue, so the checkpoint it resolved to is named."""
+    folder = Path(result["checkpoint"]).name
+    return f"`{result['model']}` (" + (f"`{folder}` when measured, " if folder != result["model"] else "")
+
+
 def markdown(result: dict[str, Any]) -> str:
     rows = ["| setting | batch size / delay | requests/s | p50 ms | p99 ms | mean batch | errors |",
             "|---|---|---:|---:|---:|---:|---:|"]
@@ -191,7 +197,7 @@ def markdown(result: dict[str, Any]) -> str:
                     f"{r['requests_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
                     f"{r['mean_batch_size']:.2f} | {r['errors']} |")
     rows.append(f"\nbatching on / off: {result['ratio_requests_per_s']:.2f}x requests/s, "
-                f"p50 {result['ratio_p50']:.2f}x; model `{result['model']}` ({result['num_parameters']:,} "
+                f"p50 {result['ratio_p50']:.2f}x; model {_model_named(result)}{result['num_parameters']:,} "
                 f"parameters), {result['clients']} clients x {result['duration_s']:.0f} s, "
                 f"{result['machine']['cpu_count']} CPUs")
     mixed = result.get("mixed")

@@ -306,6 +306,35 @@ def test_real_bundled_model_card_matches_catalogue(name):
     assert cards.release_metrics(json.loads(run_eval.read_text())) == entry["metrics"]
 
 
+@pytest.mark.parametrize("name", _real_bundled())
+def test_real_bundled_model_test_number_was_reproduced_by_its_cards_command(name):
+    """``benchmarks/card_reproduction.py`` ran the card's own "Reproduce with `zoo eval ...`" command in a fresh
+    process and got the catalogue's *current* test number within 0.01% (re-bundling a model makes its entry stale,
+    so a new number cannot ship unreproduced)."""
+    from benchmarks.card_reproduction import RESULTS, TOLERANCE, card_command
+
+    entry = json.loads(CATALOG_FILE.read_text())["models"][name]
+    args = card_command((CATALOG_FILE.parent / "pretrained" / name / "README.md").read_text(), name)
+    assert args[:2] == ["eval", name] and args[args.index("--dataset") + 1] == entry["dataset"]
+    results = json.loads((RESULTS / "card_reproduction.json").read_text())["models"]
+    assert name in results, f"run: python benchmarks/card_reproduction.py --models {name}"
+    r = results[name]
+    assert r["card_test"] == entry["metrics"]["test"], f"stale: python benchmarks/card_reproduction.py --models {name}"
+    assert r["command"] == "zoo " + " ".join(args) and r["metric"] == entry["metrics"]["metric"]
+    assert abs(r["measured_test"] / r["card_test"] - 1) <= TOLERANCE and r["within_tolerance"]
+
+
+def test_card_command_is_the_one_reproduce_line():
+    from benchmarks.card_reproduction import card_command
+
+    card = "x\nReproduce with `zoo eval m --dataset ptb --split test --batch-size 1`.\n"
+    assert card_command(card, "m") == ["eval", "m", "--dataset", "ptb", "--split", "test", "--batch-size", "1"]
+    with pytest.raises(ValueError, match="has 0 "):
+        card_command(card, "other")
+    with pytest.raises(ValueError, match="has 2 "):
+        card_command(card + card, "m")
+
+
 @pytest.mark.parametrize("dataset", sorted(DATASETS))
 def test_card_usage_example_is_in_the_corpus_vocabulary(dataset):
     """The card's usage example is written in its corpus's normalisation: every token is known, none is <unk>.

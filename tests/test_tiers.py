@@ -406,3 +406,4 @@ def test_a_small_gap_waits_for_the_other_seeds_and_is_decided_on_the_means(runs)
     claim["seeds_below"] = 0.01  # a 2% gap is then decided on one seed
     (c,) = tiers.compare("t", runs, tier)["claims"]
     assert c["met"] is False and "one_seed_rel" not in c and c["measured_rel"] == pytest.approx(0.02)
+    assert c["detail"].endswith("; one seed decides: the gap is not under 1%")

@@ -39,6 +39,7 @@ BENCHMARKS = [
     ("serving.md", "TorchServe under load"),
     ("dynamic_eval.md", "Dynamic evaluation: tuned on PTB validation, measured once on test"),
     ("cuda_step.md", "CUDA graphs: the captured training step against the eager one (a lent GPU)"),
+    ("card_reproduction.md", "Every card's test number, reproduced by the command the card gives"),
 ]
 
 

@@ -169,6 +169,8 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
                           f"({abs(100 * rel):.1f}% {'lower' if rel >= 0 else 'higher'}; {target})")
         if abs(rel) < claim.get("seeds_below", 0.0):
             res.update(_seeded_improvement(claim, model, base, rel, num, metric, target))
+        elif "seeds_below" in claim:  # say that the rule was applied: one seed decides a gap this large
+            res["detail"] += f"; one seed decides: the gap is not under {100 * claim['seeds_below']:.0f}%"
     elif kind == "epochs_to_baseline_best":
         base_vals = [_epoch_metric(r, metric) for r in base["epochs"]]
         best = min(base_vals)
