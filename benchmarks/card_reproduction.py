@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -47,7 +46,7 @@ def card_command(card: str, name: str) -> list[str]:
 
 def measured_metric(res: dict, metric: str) -> float:
     """The card's metric from ``zoo eval --json``: perplexity, or bits per predicted symbol (= bits per char)."""
-    return res["ppl"] if metric == "perplexity" else res["avg_nll"] / math.log(2)
+    return res["ppl"] if metric == "perplexity" else res["bits_per_token"]
 
 
 def others_running() -> list[str]:
