@@ -186,7 +186,8 @@ def run_setting(name: str, source: str, opts: ArchiveOptions, args: argparse.Nam
 def _model_named(result: dict[str, Any]) -> str:
     """The model as measured: ``default`` moves with the catalogue, so the checkpoint it resolved to is named."""
     folder = Path(result["checkpoint"]).name
-    return f"`{result['model']}` (" + (f"`{folder}` when measured, " if folder != result["model"] else "")
+    when = f"`{folder}` when measured, " if folder != result["model"] else ""
+    return f"`{result['model']}` ({when}{result['num_parameters']:,} parameters)"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -197,8 +198,8 @@ def markdown(result: dict[str, Any]) -> str:
                     f"{r['requests_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
                     f"{r['mean_batch_size']:.2f} | {r['errors']} |")
     rows.append(f"\nbatching on / off: {result['ratio_requests_per_s']:.2f}x requests/s, "
-                f"p50 {result['ratio_p50']:.2f}x; model {_model_named(result)}{result['num_parameters']:,} "
-                f"parameters), {result['clients']} clients x {result['duration_s']:.0f} s, "
+                f"p50 {result['ratio_p50']:.2f}x; model {_model_named(result)}, "
+                f"{result['clients']} clients x {result['duration_s']:.0f} s, "
                 f"{result['machine']['cpu_count']} CPUs")
     mixed = result.get("mixed")
     if mixed:
