@@ -23,7 +23,7 @@ DATA_DIR ?= $(abspath ../shared/data)
 
 help:
 	@echo "make demo   - create .venv, install, start the Gradio demo on 127.0.0.1:$(PORT) (offline)"
-	@echo "make test   - create .venv, install (plus Java 17 and Chromium where missing), run the suite"
+	@echo "make test   - create .venv, install (plus Java 17, nginx and Chromium where missing), run the suite"
 	@echo "make lint   - ruff"
 	@echo "make bench  - run the benchmarks (writes benchmarks/results/*.json)"
 

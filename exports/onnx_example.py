@@ -1,6 +1,6 @@
 """Score and generate with an exported zoo model using only onnxruntime, tokenizers and numpy (no torch, no zoo).
 
-    python exports/onnx_example.py exports/out/alstm-ptb-5m-light/onnx --text "the company said its profit rose"
+    python exports/onnx_example.py exports/out/alstm-ptb-5m-long-medium/onnx --text "the company said its profit rose"
     python exports/onnx_example.py DIR --generate "the company said" --tokens 20
 Text must already be in the corpus's conventions (PTB: lower case, numbers as N; see the README); each line is
 scored as the zoo scores a text: from a zero state, first token conditioned on <eos>, one <eos> per line.

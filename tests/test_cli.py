@@ -95,11 +95,25 @@ def test_info(capsys, tiny_checkpoint):
     (["generate", "{ckpt}", "--top-p", "0"], "top_p"),
     (["eval", "{ckpt}", "--dataset", "ptb", "--data-dir", "{missing}"], "not found"),
     (["train", "no-such-recipe"], "no recipe"),
+    (["score", "{ckpt}", "--text", "x", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
+    (["train", "lstm-ptb-zaremba-small", "no-such-recipe", "--run-dir", "{missing}"], "no recipe"),
+    (["train", "lstm-ptb-zaremba-small", "lstm-ptb-zaremba-small", "--jobs", "0"], "--jobs must be a positive"),
+    (["train", "lstm-ptb-zaremba-small", "--epochs", "-1"], "--epochs must be a positive integer, got -1"),
+    (["train", "lstm-ptb-zaremba-small", "--max-minutes", "-5"], "--max-minutes must be at least 0"),
+    (["train", "{bad_toml}", "--run-dir", "{missing}"], "not a valid TOML recipe"),
+    (["train", "{no_model}", "--run-dir", "{missing}"], "invalid recipe (KeyError: 'model')"),
+    (["train", "{bad_field}", "--run-dir", "{missing}"], "invalid recipe (TypeError"),
+    (["train", "{bad_field}", "{no_model}", "--run-dir", "{missing}"], "invalid recipe"),
 ])
 def test_bad_input_exits_2_with_one_line(tiny_checkpoint, tmp_path, args, message):
     binary = tmp_path / "bin.dat"
     binary.write_bytes(b"\xff\xfe\x00abc")
-    fill = {"ckpt": str(tiny_checkpoint), "missing": str(tmp_path / "nope"), "binary": str(binary)}
+    (tmp_path / "bad.toml").write_text('name = "x"\n[train\n')
+    (tmp_path / "no_model.toml").write_text('name = "x"\ndataset = "ptb"\n')
+    (tmp_path / "bad_field.toml").write_text('name = "x"\ndataset = "ptb"\n[model]\n[train]\nepoks = 3\n')
+    fill = {"ckpt": str(tiny_checkpoint), "missing": str(tmp_path / "nope"), "binary": str(binary),
+            "bad_toml": str(tmp_path / "bad.toml"), "no_model": str(tmp_path / "no_model.toml"),
+            "bad_field": str(tmp_path / "bad_field.toml")}
     argv = [a.format(**fill) for a in args]
     proc = subprocess.run([sys.executable, "-m", "zoo.cli", *argv], capture_output=True, text=True, cwd=REPO,
                           timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})

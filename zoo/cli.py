@@ -109,7 +109,18 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
     return texts  # with --per-line, blank lines stay in place (reported as skipped) so that line numbers hold
 
 
+def _require(args: argparse.Namespace, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    """Refuse out-of-range counts before anything loads, in one line (argparse's ``type=int`` lets 0 and negatives
+    through, and they would fail deep inside: a zero batch size, a zero ``--jobs`` waiting forever)."""
+    for flags, low, what in ((positive, 1, "a positive integer"), (non_negative, 0, "at least 0")):
+        for flag in flags:
+            value = getattr(args, flag.lstrip("-").replace("-", "_"))
+            if value is not None and value < low:
+                raise UsageError(f"{flag} must be {what}, got {value}")
+
+
 def cmd_score(args: argparse.Namespace) -> int:
+    _require(args, positive=("--batch-size",))
     lines = _read_texts(args)
     keep = [i for i, t in enumerate(lines) if t.strip()]
     from zoo.service import CLI_LIMITS, parse_score
@@ -166,9 +177,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    for flag, value in (("--batch-size", args.batch_size), ("--bptt", args.bptt)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be a positive integer, got {value}")
+    _require(args, positive=("--batch-size", "--bptt"))
     model = _load(args)
     res = model.evaluate(args.dataset, args.split, data_dir=args.data_dir, batch_size=args.batch_size,
                          bptt=args.bptt, dynamic=_dynamic(args))
@@ -263,12 +272,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from zoo.train import Interrupted, Recipe, Trainer, recipe_path
 
+    _require(args, positive=("--jobs", "--epochs", "--log-every-steps"), non_negative=("--max-minutes",))
     if len(args.recipe) > 1:
         return _train_parallel(args)
-    try:
-        recipe = Recipe.load(recipe_path(args.recipe[0]))
-    except FileNotFoundError as e:
-        raise UsageError(str(e)) from None
+    recipe = Recipe.load(recipe_path(args.recipe[0]))  # a missing or malformed recipe is a ZooError: one line
     if args.epochs:
         recipe.train.epochs = args.epochs
     if args.max_minutes is not None:
@@ -360,7 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_cmd(name: str, help_: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
-        sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, or a checkpoint directory")
+        sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, a checkpoint directory, or "
+                        "hf-hub:ORG/NAME[@REVISION] (a Hub repo outside the catalogue: unpinned)")
         sp.add_argument("--backend", default="eager", choices=backend_names(),
                         help="inference backend (default: eager PyTorch)")
         sp.add_argument("--revision", help="Hub revision (tag, branch or commit) to load")
@@ -384,7 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--per-line", action="store_true", help="score each non-empty line of the input separately")
     sp.add_argument("--tokens", action="store_true", help="include per-token log-probabilities")
     sp.add_argument("--json", action="store_true", help="one JSON object per text")
-    sp.add_argument("--batch-size", type=int, default=16)
+    sp.add_argument("--batch-size", type=int, default=16, help="texts scored in parallel (default 16; the scores agree "
+                    "to float tolerance at any batch size)")
     _dynamic_options(sp)
     sp.set_defaults(func=cmd_score)
 
@@ -407,11 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dataset", choices=dataset_names(),
                     help="corpus (default: the one the model was trained on)")
     sp.add_argument("--split", default="test", choices=["train", "valid", "test"])
-    sp.add_argument("--data-dir", help="folder holding <dataset>/{train,valid,test}.txt (default: $ZOO_DATA_DIR "
-                    "or ../shared/data beside the checkout)")
-    sp.add_argument("--batch-size", type=int, help="streams scored in parallel (default: the model card's protocol, "
-                    "batch 1 for test: the number on the card)")
-    sp.add_argument("--bptt", type=int, help="chunk length (default: the card's protocol, 70)")
+    sp.add_argument("--data-dir", help="folder holding <dataset>/{train,valid,test}.txt (default: $ZOO_DATA_DIR; a "
+                    "checkout's .venv sets it to ../shared/data)")
+    sp.add_argument("--batch-size", type=int, help="streams (or, for a sentence-level model, sentences) scored "
+                    "in parallel (default: the model card's protocol from its recipe: the test split at its "
+                    "test_batch_size, 1 for the stream models, so the number is the card's)")
+    sp.add_argument("--bptt", type=int, help="chunk length (default: the card's protocol, the recipe's eval_bptt: "
+                    "70 for the word models, 100 for the character models)")
     _dynamic_options(sp)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_eval)
@@ -422,7 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     sp.add_argument("--restart", action="store_true", help="start over in a run dir that holds an earlier run "
                     "(removes its checkpoints, log and results; without --resume or --restart such a dir is refused)")
-    sp.add_argument("--run-dir", help="output folder (default: runs/<recipe name>)")
+    sp.add_argument("--run-dir", help="output folder (default: runs/<recipe name>); with several recipes, the "
+                    "folder their run dirs go in (RUN_DIR/<recipe name>)")
     sp.add_argument("--data-dir")
     sp.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     sp.add_argument("--epochs", type=int, help="override the recipe's epoch count")

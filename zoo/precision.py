@@ -24,14 +24,16 @@ import contextlib
 
 import torch
 
+from zoo.errors import ConfigError
+
 #: precision name -> the autocast dtype (``None``: plain float32)
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 
 
 def check(name: str) -> str:
-    """``name`` if it is a known precision, else a ``ValueError`` that lists the choices."""
+    """``name`` if it is a known precision, else a ``ConfigError`` (a ``ValueError``) that lists the choices."""
     if name not in PRECISIONS:
-        raise ValueError(f"unknown precision {name!r} (choose from {', '.join(PRECISIONS)})")
+        raise ConfigError(f"unknown precision {name!r} (choose from {', '.join(PRECISIONS)})")
     return name
 
 

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import PAD_TARGET, Corpus, batchify, load_corpus, pad_batch, sentences
 from zoo.datasets import get_dataset
+from zoo.errors import ConfigError, MissingFileError
 from zoo.lm import LanguageModel
 from zoo.precision import autocast
 from zoo.precision import check as check_precision
@@ -103,18 +104,21 @@ class Recipe:
     def load(cls, path: str | os.PathLike) -> Recipe:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"recipe not found: {path}")
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            raise MissingFileError(f"recipe not found: {path}")
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not a valid TOML recipe ({e})") from None
         try:
             train = TrainConfig(**raw.get("train", {}))
             check_precision(train.precision)
             if train.mode not in ("stream", "sentences"):
-                raise ValueError(f"unknown mode {train.mode!r} (stream, sentences)")
+                raise ConfigError(f"unknown mode {train.mode!r} (stream, sentences)")
             return cls(name=raw["name"], dataset=raw["dataset"], seed=int(raw.get("seed", 1)),
                        model=dict(raw["model"]), train=train, description=raw.get("description", ""),
                        source=str(path), reference=raw.get("reference"))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{path}: invalid recipe ({e})") from None
+        except (KeyError, TypeError) as e:  # a missing table or key, an unknown [train] field
+            raise ConfigError(f"{path}: invalid recipe ({type(e).__name__}: {e})") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dataset": self.dataset, "seed": self.seed, "model": self.model,
@@ -130,7 +134,7 @@ def recipe_path(name_or_path: str) -> Path:
     bundled = Path(__file__).resolve().parent / "recipes" / f"{name_or_path}.toml"
     if bundled.is_file():
         return bundled
-    raise FileNotFoundError(f"no recipe file {name_or_path!r} and no bundled recipe of that name")
+    raise MissingFileError(f"no recipe file {name_or_path!r} and no bundled recipe of that name")
 
 
 #: What a run writes into its run dir: ``zoo train --restart`` removes exactly these, and their presence makes a
@@ -253,7 +257,7 @@ class Trainer:
         self._owns_process_group = _maybe_init_distributed(self.device)
         self.rank, self.world = _dist_info()
         if self.cfg.batch_size % self.world:
-            raise ValueError(f"batch_size {self.cfg.batch_size} is not divisible by {self.world} processes")
+            raise ConfigError(f"batch_size {self.cfg.batch_size} is not divisible by {self.world} processes")
         self.progress = progress and self.rank == 0
         self.crash_after_steps = crash_after_steps  # test hook: signal ourselves after this many steps
         self.crash_signal = crash_signal            # (SIGKILL: a crash; SIGTERM / SIGINT: a polite stop)
@@ -261,9 +265,9 @@ class Trainer:
         self.checkpoint_every_steps = checkpoint_every_steps
         unknown = set(log_to) - set(LOG_TARGETS)
         if unknown:
-            raise ValueError(f"unknown log target(s) {sorted(unknown)}; known: {', '.join(LOG_TARGETS)}")
+            raise ConfigError(f"unknown log target(s) {sorted(unknown)}; known: {', '.join(LOG_TARGETS)}")
         if log_every_steps < 1:
-            raise ValueError("log_every_steps must be >= 1")
+            raise ConfigError("log_every_steps must be >= 1")
         self.log_to, self.log_every_steps = tuple(log_to), log_every_steps
         self._tb: Any = None          # the TensorBoard writer, opened by run() on rank 0
         self._tb_loss = [0.0, 0]      # loss sum and steps since the last step-level record
@@ -284,7 +288,7 @@ class Trainer:
         self.sentence_mode = self.cfg.mode == "sentences"
         if self.sentence_mode:
             if self.world > 1:
-                raise ValueError("mode = 'sentences' trains in one process (no torchrun)")
+                raise ConfigError("mode = 'sentences' trains in one process (no torchrun)")
             eos = self.tokenizer.eos_id
             self.sentences = {
                 "train": sentences(self.corpus.train, eos, self.cfg.max_len, self.cfg.train_sentences),
@@ -320,7 +324,7 @@ class Trainer:
         if kind == "asgd":
             return torch.optim.ASGD(params, lr=self.lr, t0=0, lambd=0.0, weight_decay=self.cfg.weight_decay,
                                     capturable=self.cuda_graphs)
-        raise ValueError(f"unknown optimizer {kind!r} (sgd, adam, ntasgd)")
+        raise ConfigError(f"unknown optimizer {kind!r} (sgd, adam, ntasgd)")
 
     # -- checkpoints ------------------------------------------------------------------------------------
     @property
@@ -728,7 +732,7 @@ def _tensorboard_writer(logdir: Path, step: int) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:  # torch's writer needs the tensorboard package
-        raise ValueError("--log-to tensorboard needs the tensorboard package: pip install 'alstm-zoo[train]' "
+        raise ConfigError("--log-to tensorboard needs the tensorboard package: pip install 'alstm-zoo[train]' "
                          f"({e})") from None
     return SummaryWriter(str(logdir), purge_step=step or None)
 

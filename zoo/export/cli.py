@@ -58,7 +58,8 @@ def add(subparsers) -> None:
     sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, or a checkpoint directory")
     sp.add_argument("--format", default="all", choices=[*FORMATS, "all"], help="what to export (default: all)")
     sp.add_argument("--quantize", choices=["int8"], help="also write dynamically quantised int8 ONNX graphs")
-    sp.add_argument("--out", help="output folder (default: exports/out/<model name>); formats go to <out>/<format>/")
+    sp.add_argument("--out", help="output folder (default: $ZOO_EXPORTS_DIR/<model name>: exports/out/ in a checkout, "
+                    "else ~/.local/share/alstm-zoo/exports/); formats go to <out>/<format>/")
     sp.add_argument("--revision", help="Hub revision (tag, branch or commit) to load")
     sp.add_argument("--no-verify", action="store_true", help="skip the parity check against eager PyTorch")
     sp.set_defaults(func=cmd_export)
