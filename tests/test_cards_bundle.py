@@ -268,6 +268,48 @@ def test_retire_keeps_the_run_as_a_record_and_refuses_the_default(tiny_run_dir, 
     assert code == 0 and out.startswith("retired old:") and not (pkg / "pretrained" / "old").exists()
 
 
+def test_refresh_rebuilds_the_card_from_the_bundled_files_and_keeps_weights_and_default(tiny_run_dir, tmp_path,
+                                                                                         capsys, monkeypatch):
+    """`zoo bundle --refresh NAME`: a tier report written after bundling reaches the card without the run dir;
+    the weights, vocabulary and figure stay byte-identical, the default and the Hub pin stay, the catalogue's
+    card hash follows the new card."""
+    from zoo.tools.bundle import refresh
+
+    pkg = tmp_path / "pkg"
+    bundle_into(pkg, tiny_run_dir, "m", default=True, figures=[tiny_png(tmp_path / "m-curve.png")],
+                repo_id="someone/m", revision="v2")
+    folder, cards = pkg / "pretrained" / "m", pkg / "cards"
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+    run_name = json.loads((cards / "m.eval.json").read_text())["name"]
+    assert "## Comparison" not in before["README.md"].decode()
+    (cards / "tiers").mkdir()
+    (cards / "tiers" / "t.json").write_text(json.dumps({
+        "tier": "t", "title": "A test tier", "generated": "2026-01-01 00:00 UTC",
+        "roles": {"lstm": {"chosen": run_name, "sweep": [{"run": run_name}]}},
+        "claims": [{"source": "a paper's claim", "model": "lstm", "baseline": None, "met": True, "detail": "3 < 4"}]}))
+    entry = refresh("m", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards)
+    card = (folder / "README.md").read_text()
+    assert "## Comparison: A test tier" in card and "| a paper's claim | met | 3 < 4 |" in card
+    assert card == (cards / "m.md").read_text()
+    after = {f.name: f.read_bytes() for f in folder.iterdir()}
+    assert sorted(after) == sorted(before)
+    for f in ("model.safetensors", "vocab.json", "m-curve.png", "tokenizer.json"):
+        assert after[f] == before[f], f
+    cat = json.loads((pkg / "catalog.json").read_text())
+    assert cat["default"] == "m" and entry["repo_id"] == "someone/m" and entry["revision"] == "v2"
+    assert cat["models"]["m"]["files"]["README.md"]["sha256"] == hashlib.sha256(card.encode()).hexdigest()
+    with pytest.raises(BundleError, match="'nope' is not in the catalogue"):
+        refresh("nope", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards)
+    (cards / "m.log.jsonl").unlink()
+    with pytest.raises(BundleError, match="cannot rebuild its card without"):
+        refresh("m", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards)
+    assert (folder / "README.md").read_text() == card  # a refused refresh leaves the model as it was
+    monkeypatch.setenv("ZOO_CATALOG", str(pkg / "catalog.json"))
+    monkeypatch.setenv("ZOO_MODEL_CARDS_DIR", str(cards))
+    code, _, err = run_main(capsys, "bundle", "--refresh", "nope")
+    assert code == 2 and err.count("\n") == 1 and "'nope' is not in the catalogue" in err
+
+
 def test_bad_inputs_are_one_line_errors(tiny_run_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("ZOO_CATALOG", str(tmp_path / "c.json"))
     code, _, err = run_main(capsys, "bundle", str(tmp_path / "nope"))

@@ -6,7 +6,8 @@ card (``README.md``, also copied to ``model_cards/<name>.md``, beside the run's 
 ``log.jsonl`` as ``<name>.eval.json`` / ``<name>.log.jsonl``), hashes every file, and records the
 model in the catalogue (``zoo/catalog.json``), which is what downloads are verified against.
 Every metric comes from ``eval.json``; nothing is typed. ``zoo bundle --retire NAME`` undoes it for a model a
-longer-budget tier supersedes: the run stays a record ("trained here, not bundled", ``model_cards/runs/``).
+longer-budget tier supersedes: the run stays a record ("trained here, not bundled", ``model_cards/runs/``);
+``zoo bundle --refresh NAME`` rebuilds a bundled model's card from its own files when what it quotes changed.
 The target folders are parameters (and
 ``$ZOO_CATALOG`` / ``$ZOO_PRETRAINED_DIR`` / ``$ZOO_MODEL_CARDS_DIR``) so tests never touch the
 real package. Files are staged and swapped in, so a failed bundle leaves the old copy intact.
@@ -176,6 +177,22 @@ def tier_reports(cards_dir: Path, run_name: str) -> list[dict[str, Any]]:
 
 
 # -- bundling -----------------------------------------------------------------------------------------------
+def _places(catalog_file: str | os.PathLike | None, pretrained_dir: str | os.PathLike | None,
+            cards_dir: str | os.PathLike | None) -> tuple[Path, Path, Path]:
+    """The catalogue file, the bundled models' folder and the cards folder (the real package's unless given)."""
+    cat_file = Path(catalog_file) if catalog_file else catalog_path()
+    target_root = Path(pretrained_dir) if pretrained_dir else (cat_file.parent / "pretrained" if catalog_file
+                                                               else bundled_dir())
+    return cat_file, target_root, Path(cards_dir) if cards_dir else default_cards_dir()
+
+
+def _entry(cat: dict[str, Any], name: str, cat_file: Path) -> dict[str, Any]:
+    entry = cat["models"].get(name)
+    if entry is None:
+        raise BundleError(f"{name!r} is not in the catalogue {cat_file} (known: {', '.join(sorted(cat['models']))})")
+    return entry
+
+
 def _figure_name(name: str, path: Path) -> str:
     return path.name if path.name.startswith(name) else f"{name}-{path.name}"
 
@@ -194,10 +211,7 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
     name = name or ev["name"]
     if not NAME_RE.match(name):
         raise BundleError(f"invalid model name {name!r}: use lower-case letters, digits, '.', '-' and '_'")
-    cat_file = Path(catalog_file) if catalog_file else catalog_path()
-    target_root = Path(pretrained_dir) if pretrained_dir else (cat_file.parent / "pretrained" if catalog_file
-                                                               else bundled_dir())
-    cards = Path(cards_dir) if cards_dir else default_cards_dir()
+    cat_file, target_root, cards = _places(catalog_file, pretrained_dir, cards_dir)
     figs = [Path(f) for f in figures]
     for f in figs:
         if not f.is_file():
@@ -290,14 +304,9 @@ def retire(name: str, *, pretrained_dir: str | os.PathLike | None = None,
     figures go; its ``eval.json`` / ``log.jsonl`` copies move to ``model_cards/runs/`` (where tier reports and the
     README's "trained here, not bundled" table read them). The default model cannot be retired (bundle another
     with ``--default`` first). Returns the record files."""
-    cat_file = Path(catalog_file) if catalog_file else catalog_path()
-    target_root = Path(pretrained_dir) if pretrained_dir else (cat_file.parent / "pretrained" if catalog_file
-                                                               else bundled_dir())
-    cards = Path(cards_dir) if cards_dir else default_cards_dir()
+    cat_file, target_root, cards = _places(catalog_file, pretrained_dir, cards_dir)
     cat = read_catalog(cat_file)
-    entry = cat["models"].get(name)
-    if entry is None:
-        raise BundleError(f"{name!r} is not in the catalogue {cat_file} (known: {', '.join(sorted(cat['models']))})")
+    entry = _entry(cat, name, cat_file)
     if cat["default"] == name:
         raise BundleError(f"{name!r} is the default model: bundle another with --default before retiring it")
     kept = [cards / f"{name}{suffix}" for suffix in (".eval.json", ".log.jsonl")]
@@ -319,6 +328,42 @@ def retire(name: str, *, pretrained_dir: str | os.PathLike | None = None,
     return records
 
 
+def refresh(name: str, *, pretrained_dir: str | os.PathLike | None = None,
+            catalog_file: str | os.PathLike | None = None,
+            cards_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Rebuild a bundled model's card and catalogue entry from its own files, for when what the card quotes has
+    changed since it was bundled (a tier report regenerated, a recipe's ``[reference]`` corrected, the card
+    generator improved) and the run dir is gone. The bundled folder, ``<name>.eval.json`` and ``<name>.log.jsonl``
+    are the run: the weights, vocabulary and figures are copied through unchanged (byte-identical), the Hub repo,
+    revision and licence are kept, and so is the default."""
+    import tempfile
+
+    cat_file, target_root, cards = _places(catalog_file, pretrained_dir, cards_dir)
+    entry = _entry(read_catalog(cat_file), name, cat_file)
+    folder = target_root / name
+    sources = [folder / f for f in RELEASE_FILES] + [cards / f"{name}.eval.json", cards / f"{name}.log.jsonl"]
+    missing = [str(p) for p in sources if not p.is_file()]
+    if missing:
+        raise BundleError(f"{name}: cannot rebuild its card without {', '.join(missing)}")
+    card = (folder / CARD_FILE).read_text(encoding="utf-8") if (folder / CARD_FILE).is_file() else ""
+    licence = re.search(r"^license: (\S+)$", card, re.M)
+    with tempfile.TemporaryDirectory(prefix=f"zoo-refresh-{name}-") as tmp:
+        run = Path(tmp) / "run"
+        (run / "release").mkdir(parents=True)
+        for f in RELEASE_FILES:
+            shutil.copyfile(folder / f, run / "release" / f)
+        shutil.copyfile(cards / f"{name}.eval.json", run / "eval.json")
+        shutil.copyfile(cards / f"{name}.log.jsonl", run / "log.jsonl")
+        figures = []
+        for f in entry.get("files", {}):
+            if Path(f).suffix.lower() in FIGURE_SUFFIXES:
+                figures.append(Path(tmp) / f)
+                shutil.copyfile(folder / f, figures[-1])
+        return bundle(run, name, figures=figures, repo_id=entry.get("repo_id"), revision=entry.get("revision"),
+                      license=licence[1] if licence else "mit", pretrained_dir=target_root, catalog_file=cat_file,
+                      cards_dir=cards)
+
+
 # -- command line -------------------------------------------------------------------------------------------
 def cmd_bundle(args: argparse.Namespace) -> int:
     from zoo.errors import UsageError
@@ -335,8 +380,16 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             print(f"retired {name}: removed from the catalogue and zoo/pretrained/; its record: "
                   f"{', '.join(str(p) for p in records)}")
         return 0
+    if args.refresh:
+        if args.run_dir:
+            raise UsageError("--refresh takes model names, not a run directory")
+        for name in args.refresh:
+            entry = refresh(name)
+            print(f"refreshed {name}: card {entry['card']} and catalogue entry rebuilt from its bundled files")
+        return 0
     if not args.run_dir:
-        raise UsageError("give a run directory (made by `zoo train`), --retire NAME, or --readme-table")
+        raise UsageError("give a run directory (made by `zoo train`), --retire NAME, --refresh NAME, or "
+                         "--readme-table")
     entry = bundle(args.run_dir, args.name, default=args.default, figures=args.figure or [],
                    recipe_path=args.recipe, repo_id=args.repo_id, revision=args.revision, license=args.license)
     m = entry["metrics"]
@@ -358,6 +411,9 @@ def add_cli(subparsers) -> None:
     sp.add_argument("--license", default="mit", help="licence id for the card (default: mit)")
     sp.add_argument("--retire", nargs="+", metavar="NAME", help="take bundled model(s) out of the zoo, keeping "
                     "each run as a record in model_cards/runs/ (for models a longer-budget tier supersedes)")
+    sp.add_argument("--refresh", nargs="+", metavar="NAME", help="rebuild bundled model(s)' card and catalogue "
+                    "entry from their own bundled files (after a tier report or a recipe's [reference] changed); "
+                    "the weights stay byte-identical")
     sp.add_argument("--readme-table", action="store_true", help="print the README's models table (markdown) "
                     "generated from the catalogue, and exit")
     sp.set_defaults(func=cmd_bundle)

@@ -62,6 +62,10 @@ def eval_results(ev: dict[str, Any]) -> list:
 
     ds = get_dataset(ev["dataset"])
     rel = ev.get("release") or {}
+    title = ds.title
+    if ev.get("mode") == "sentences":  # not comparable with the stream numbers of the corpus's other models
+        title += (f", single lines of at most {ev['recipe']['train'].get('max_len', 100)} symbols, each from a zero "
+                  "state (sentence-level protocol)")
     out = []
     for split_key, split_name in (("valid", "validation"), ("test", "test")):
         res = rel.get(split_key, ev[split_key])
@@ -70,7 +74,7 @@ def eval_results(ev: dict[str, Any]) -> list:
             metrics.append(("bpc", "Bits per character", res["bits_per_token"]))
         for mtype, mname, value in metrics:
             out.append(EvalResult(task_type=TASK_TYPE, task_name=TASK_NAME, dataset_type=ds.hub_id,
-                                  dataset_name=ds.title, dataset_config=ds.hub_config, dataset_split=split_name,
+                                  dataset_name=title, dataset_config=ds.hub_config, dataset_split=split_name,
                                   metric_type=mtype, metric_name=mname, metric_value=value))
     return out
 
@@ -316,8 +320,9 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     if reference and not has_numbers(reference):
         lim.append(f"- The setting follows {reference['source']}; no published number is comparable with this run.")
     elif reference:
-        lim.append(f"- The published reference ({reference.get('source', 'see recipe')}) may differ in model size "
-                   "or training budget; see the recipe comment for what was matched.")
+        lim.append(f"- The published reference ({reference.get('source', 'see recipe')}) is the paper's own "
+                   "setting: its source says where it is not matched to this run (size, training budget, "
+                   "optimiser); the recipe above is this run's complete configuration.")
     f["limitations"] = "\n".join(lim)
     f["bibtex"] = "\n\n".join(CITATIONS[k] for k in citation_keys(arch, recipe))
     return string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(f)
