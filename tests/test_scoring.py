@@ -78,8 +78,17 @@ def test_corpus_eval_equals_independent_mean_nll(model):
 
 
 def test_rejects_bad_types(model):
+    from zoo.errors import ConfigError, WrongType
+
     with pytest.raises(TypeError):
         model.score(42)  # type: ignore[arg-type]
+    for bad, error in ((0, ConfigError), (-3, ConfigError), (2.5, WrongType), (True, WrongType)):
+        with pytest.raises(error, match="batch_size must be"):
+            model.score("the cat", batch_size=bad)
+        with pytest.raises(error, match="batch_size must be"):
+            model.evaluate("ptb", "valid", batch_size=bad)
+    with pytest.raises(ConfigError, match="bptt must be a positive integer, got 0"):
+        model.evaluate("ptb", "valid", bptt=0)
 
 
 def test_warnings_flag_text_the_model_does_not_know(tiny_checkpoint):

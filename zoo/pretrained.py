@@ -30,6 +30,15 @@ from zoo.scoring import ScoreReport, evaluate_sentences, evaluate_stream, score_
 from zoo.tokenizer import Tokenizer
 
 
+def _check_positive(name: str, value: object) -> None:
+    """A batch size or chunk length the caller passed: a positive ``int`` (0 would fail deep in the scoring loop
+    with an unrelated message, a float or a bool would be silently truncated or taken as 1)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WrongType(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value}")
+
+
 class ZooModel:
     """A language model with its tokenizer: score, generate, evaluate, save.
 
@@ -95,6 +104,7 @@ class ZooModel:
             texts = [texts]
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise WrongType("texts must be a str or a list of str")
+        _check_positive("batch_size", batch_size)
         dyn = self._dynamic(dynamic)
         stats = self.dynamic_stats(dyn, progress=progress) if dyn is not None else None
         return score_texts(self.lm if dyn else self.runner, self.tokenizer, texts, return_tokens=return_tokens,
@@ -158,6 +168,9 @@ class ZooModel:
         """Corpus metrics of a benchmark split, by default with the model's own protocol (:meth:`eval_protocol`), so
         the number reproduces its card; ``dataset`` defaults to the one it was trained on. ``dynamic``: score the
         split as one stream by dynamic evaluation (:mod:`zoo.dynamic`) instead."""
+        for key, value in (("batch_size", batch_size), ("bptt", bptt)):
+            if value is not None:
+                _check_positive(key, value)
         dyn = self._dynamic(dynamic)
         dataset = dataset or self.config.get("dataset")
         if not dataset:
