@@ -276,8 +276,11 @@ def test_refresh_rebuilds_the_card_from_the_bundled_files_and_keeps_weights_and_
     from zoo.tools.bundle import refresh
 
     pkg = tmp_path / "pkg"
-    bundle_into(pkg, tiny_run_dir, "m", default=True, figures=[tiny_png(tmp_path / "m-curve.png")],
-                repo_id="someone/m", revision="v2")
+    custom = tmp_path / "custom.toml"  # a reference given with --recipe: kept in the catalogue entry only
+    custom.write_text('[reference]\nvalid = 99.5\ntest = 98.25\nmetric = "perplexity"\nsource = "Custom et al."\n')
+    bundle(tiny_run_dir, "m", default=True, figures=[tiny_png(tmp_path / "m-curve.png")], repo_id="someone/m",
+           revision="v2", license="apache-2.0", recipe_path=custom, catalog_file=pkg / "catalog.json",
+           pretrained_dir=pkg / "pretrained", cards_dir=pkg / "cards")
     folder, cards = pkg / "pretrained" / "m", pkg / "cards"
     before = {f.name: f.read_bytes() for f in folder.iterdir()}
     run_name = json.loads((cards / "m.eval.json").read_text())["name"]
@@ -298,16 +301,27 @@ def test_refresh_rebuilds_the_card_from_the_bundled_files_and_keeps_weights_and_
     cat = json.loads((pkg / "catalog.json").read_text())
     assert cat["default"] == "m" and entry["repo_id"] == "someone/m" and entry["revision"] == "v2"
     assert cat["models"]["m"]["files"]["README.md"]["sha256"] == hashlib.sha256(card.encode()).hexdigest()
+    assert entry["reference"] == {"valid": 99.5, "test": 98.25, "metric": "perplexity", "source": "Custom et al."}
+    assert "\nlicense: apache-2.0\n" in card and "Custom et al." in card
     with pytest.raises(BundleError, match="'nope' is not in the catalogue"):
         refresh("nope", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards)
+    monkeypatch.setenv("ZOO_CATALOG", str(pkg / "catalog.json"))
+    monkeypatch.setenv("ZOO_MODEL_CARDS_DIR", str(cards))
+    code, out, _ = run_main(capsys, "bundle", "--refresh", "m")
+    assert code == 0 and "publish it again if someone/m@v2 is on the Hub" in out
+    for args, message in ((["--refresh", "nope"], "'nope' is not in the catalogue"),
+                          (["--refresh", "m", "nope"], "'nope' is not in the catalogue"),
+                          (["--refresh", "m", "--license", "mit"], "--refresh takes model names only, not --license"),
+                          (["--retire", "m", "--default"], "--retire takes model names only, not --default")):
+        code, _, err = run_main(capsys, "bundle", *args)
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+    (folder / "m-curve.png").unlink()
+    with pytest.raises(BundleError, match="cannot rebuild its card without .*m-curve.png"):
+        refresh("m", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards)
     (cards / "m.log.jsonl").unlink()
     with pytest.raises(BundleError, match="cannot rebuild its card without"):
         refresh("m", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards)
     assert (folder / "README.md").read_text() == card  # a refused refresh leaves the model as it was
-    monkeypatch.setenv("ZOO_CATALOG", str(pkg / "catalog.json"))
-    monkeypatch.setenv("ZOO_MODEL_CARDS_DIR", str(cards))
-    code, _, err = run_main(capsys, "bundle", "--refresh", "nope")
-    assert code == 2 and err.count("\n") == 1 and "'nope' is not in the catalogue" in err
 
 
 def test_bad_inputs_are_one_line_errors(tiny_run_dir, tmp_path, capsys, monkeypatch):

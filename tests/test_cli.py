@@ -97,13 +97,18 @@ def test_info(capsys, tiny_checkpoint):
     (["train", "no-such-recipe"], "no recipe"),
     (["score", "{ckpt}", "--text", "x", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
     (["train", "lstm-ptb-zaremba-small", "no-such-recipe", "--run-dir", "{missing}"], "no recipe"),
-    (["train", "lstm-ptb-zaremba-small", "lstm-ptb-zaremba-small", "--jobs", "0"], "--jobs must be a positive"),
-    (["train", "lstm-ptb-zaremba-small", "--epochs", "-1"], "--epochs must be a positive integer, got -1"),
-    (["train", "lstm-ptb-zaremba-small", "--max-minutes", "-5"], "--max-minutes must be at least 0"),
+    (["train", "lstm-ptb-zaremba-small", "lstm-ptb-zaremba-small", "--jobs", "0", "--run-dir", "{missing}"],
+     "--jobs must be a positive"),
+    (["train", "lstm-ptb-zaremba-small", "--epochs", "-1", "--run-dir", "{missing}"],
+     "--epochs must be a positive integer, got -1"),
+    (["train", "lstm-ptb-zaremba-small", "--max-minutes", "-5", "--run-dir", "{missing}"],
+     "--max-minutes must be at least 0"),
     (["train", "{bad_toml}", "--run-dir", "{missing}"], "not a valid TOML recipe"),
     (["train", "{no_model}", "--run-dir", "{missing}"], "invalid recipe (KeyError: 'model')"),
     (["train", "{bad_field}", "--run-dir", "{missing}"], "invalid recipe (TypeError"),
     (["train", "{bad_field}", "{no_model}", "--run-dir", "{missing}"], "invalid recipe"),
+    (["train", "{bad_seed}", "--run-dir", "{missing}"], "invalid recipe (ValueError"),
+    (["train", "{no_arch}", "--run-dir", "{missing}"], "[model] must be a table with an `architecture`"),
 ])
 def test_bad_input_exits_2_with_one_line(tiny_checkpoint, tmp_path, args, message):
     binary = tmp_path / "bin.dat"
@@ -111,9 +116,13 @@ def test_bad_input_exits_2_with_one_line(tiny_checkpoint, tmp_path, args, messag
     (tmp_path / "bad.toml").write_text('name = "x"\n[train\n')
     (tmp_path / "no_model.toml").write_text('name = "x"\ndataset = "ptb"\n')
     (tmp_path / "bad_field.toml").write_text('name = "x"\ndataset = "ptb"\n[model]\n[train]\nepoks = 3\n')
+    (tmp_path / "bad_seed.toml").write_text('name = "x"\ndataset = "ptb"\nseed = "abc"\n'
+                                            '[model]\narchitecture = "lstm"\n')
+    (tmp_path / "no_arch.toml").write_text('name = "x"\ndataset = "ptb"\n[model]\nemb_size = 8\n')
     fill = {"ckpt": str(tiny_checkpoint), "missing": str(tmp_path / "nope"), "binary": str(binary),
             "bad_toml": str(tmp_path / "bad.toml"), "no_model": str(tmp_path / "no_model.toml"),
-            "bad_field": str(tmp_path / "bad_field.toml")}
+            "bad_field": str(tmp_path / "bad_field.toml"), "bad_seed": str(tmp_path / "bad_seed.toml"),
+            "no_arch": str(tmp_path / "no_arch.toml")}
     argv = [a.format(**fill) for a in args]
     proc = subprocess.run([sys.executable, "-m", "zoo.cli", *argv], capture_output=True, text=True, cwd=REPO,
                           timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})

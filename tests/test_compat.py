@@ -50,6 +50,7 @@ def test_the_old_checkpoints_cover_every_architecture_and_their_non_default_opti
     assert any(a["input_encoding"] == "onehot" for a in args)  # a character model's one-hot input
     assert any(a["arch_args"].get("use_layer_norm") for a in args)  # the HyperLSTM's layer-norm parameters
     assert any(c["tokenizer"]["normalization"] == "ptb-char" for c in configs)
+    assert any(c["torch_dtype"] == "float16" for c in configs)  # how the bundled models of the time were stored
 
 
 def test_every_bundled_model_scores_as_before_the_redesign():

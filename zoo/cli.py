@@ -420,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkout's .venv sets it to ../shared/data)")
     sp.add_argument("--batch-size", type=int, help="streams (or, for a sentence-level model, sentences) scored "
                     "in parallel (default: the model card's protocol from its recipe: the test split at its "
-                    "test_batch_size, 1 for the stream models, so the number is the card's)")
+                    "test_batch_size, 1 for the stream models, so the number is the card's; valid and train at "
+                    "its eval_batch_size, 10 for most)")
     sp.add_argument("--bptt", type=int, help="chunk length (default: the card's protocol, the recipe's eval_bptt: "
                     "70 for the word models, 100 for the character models)")
     _dynamic_options(sp)

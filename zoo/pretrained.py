@@ -33,8 +33,14 @@ from zoo.tokenizer import Tokenizer
 def _check_positive(name: str, value: object) -> None:
     """A batch size or chunk length the caller passed: a positive ``int`` (0 would fail deep in the scoring loop
     with an unrelated message, a float or a bool would be silently truncated or taken as 1)."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise WrongType(f"{name} must be an int, got {type(value).__name__}")
+    import operator
+
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)  # an int, or an integer type that says it is one (numpy.int64)
+    except TypeError:
+        raise WrongType(f"{name} must be an int, got {type(value).__name__}") from None
     if value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value}")
 

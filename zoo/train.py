@@ -114,10 +114,15 @@ class Recipe:
             check_precision(train.precision)
             if train.mode not in ("stream", "sentences"):
                 raise ConfigError(f"unknown mode {train.mode!r} (stream, sentences)")
+            if not isinstance(raw["model"], dict) or "architecture" not in raw["model"]:
+                raise ConfigError("[model] must be a table with an `architecture`")
             return cls(name=raw["name"], dataset=raw["dataset"], seed=int(raw.get("seed", 1)),
                        model=dict(raw["model"]), train=train, description=raw.get("description", ""),
                        source=str(path), reference=raw.get("reference"))
-        except (KeyError, TypeError) as e:  # a missing table or key, an unknown [train] field
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+        # a missing table or key, an unknown [train] field, a value of the wrong kind (seed = "abc")
+        except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{path}: invalid recipe ({type(e).__name__}: {e})") from None
 
     def to_dict(self) -> dict[str, Any]:

@@ -328,25 +328,44 @@ def retire(name: str, *, pretrained_dir: str | os.PathLike | None = None,
     return records
 
 
+def _refresh_plan(name: str, cat_file: Path, target_root: Path, cards: Path) -> dict[str, Any]:
+    """Everything a refresh of ``name`` reads, checked before anything is written (so that ``--refresh A B`` either
+    finds what it needs for every model or changes none)."""
+    entry = _entry(read_catalog(cat_file), name, cat_file)
+    folder = target_root / name
+    figures = [f for f in entry.get("files", {}) if Path(f).suffix.lower() in FIGURE_SUFFIXES]
+    sources = ([folder / f for f in (*RELEASE_FILES, *figures)]
+               + [cards / f"{name}.eval.json", cards / f"{name}.log.jsonl"])
+    missing = [str(p) for p in sources if not p.is_file()]
+    if missing:
+        raise BundleError(f"{name}: cannot rebuild its card without {', '.join(missing)}")
+    licence = None
+    for card in (folder / CARD_FILE, cards / f"{name}.md"):
+        if card.is_file() and (licence := re.search(r"^license: (\S+)$", card.read_text(encoding="utf-8"), re.M)):
+            break
+    if not licence:
+        raise BundleError(f"{name}: no card (in {folder} or {cards}) says its licence; bundle it again from its run")
+    ev = json.loads((cards / f"{name}.eval.json").read_text(encoding="utf-8"))
+    recipe_file = PACKAGE_DIR / "recipes" / f"{ev.get('recipe', {}).get('name')}.toml"
+    return {"entry": entry, "folder": folder, "figures": figures, "licence": licence[1],
+            # a reference given with --recipe at bundling time lives on in the catalogue entry only
+            "reference": None if recipe_file.is_file() else entry.get("reference")}
+
+
 def refresh(name: str, *, pretrained_dir: str | os.PathLike | None = None,
             catalog_file: str | os.PathLike | None = None,
             cards_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Rebuild a bundled model's card and catalogue entry from its own files, for when what the card quotes has
     changed since it was bundled (a tier report regenerated, a recipe's ``[reference]`` corrected, the card
     generator improved) and the run dir is gone. The bundled folder, ``<name>.eval.json`` and ``<name>.log.jsonl``
-    are the run: the weights, vocabulary and figures are copied through unchanged (byte-identical), the Hub repo,
-    revision and licence are kept, and so is the default."""
+    are the run: the weights, vocabulary and figures are copied through unchanged (byte-identical); the Hub repo,
+    revision, licence and default are kept, and the reference is the recipe file's (else the catalogue's). The
+    card's hash in the catalogue changes: a release already on the Hub needs publishing again."""
     import tempfile
 
     cat_file, target_root, cards = _places(catalog_file, pretrained_dir, cards_dir)
-    entry = _entry(read_catalog(cat_file), name, cat_file)
-    folder = target_root / name
-    sources = [folder / f for f in RELEASE_FILES] + [cards / f"{name}.eval.json", cards / f"{name}.log.jsonl"]
-    missing = [str(p) for p in sources if not p.is_file()]
-    if missing:
-        raise BundleError(f"{name}: cannot rebuild its card without {', '.join(missing)}")
-    card = (folder / CARD_FILE).read_text(encoding="utf-8") if (folder / CARD_FILE).is_file() else ""
-    licence = re.search(r"^license: (\S+)$", card, re.M)
+    plan = _refresh_plan(name, cat_file, target_root, cards)
+    entry, folder = plan["entry"], plan["folder"]
     with tempfile.TemporaryDirectory(prefix=f"zoo-refresh-{name}-") as tmp:
         run = Path(tmp) / "run"
         (run / "release").mkdir(parents=True)
@@ -354,14 +373,17 @@ def refresh(name: str, *, pretrained_dir: str | os.PathLike | None = None,
             shutil.copyfile(folder / f, run / "release" / f)
         shutil.copyfile(cards / f"{name}.eval.json", run / "eval.json")
         shutil.copyfile(cards / f"{name}.log.jsonl", run / "log.jsonl")
-        figures = []
-        for f in entry.get("files", {}):
-            if Path(f).suffix.lower() in FIGURE_SUFFIXES:
-                figures.append(Path(tmp) / f)
-                shutil.copyfile(folder / f, figures[-1])
-        return bundle(run, name, figures=figures, repo_id=entry.get("repo_id"), revision=entry.get("revision"),
-                      license=licence[1] if licence else "mit", pretrained_dir=target_root, catalog_file=cat_file,
-                      cards_dir=cards)
+        figures = [Path(tmp) / f for f in plan["figures"]]
+        for f in figures:
+            shutil.copyfile(folder / f.name, f)
+        recipe_path = None
+        if plan["reference"]:
+            recipe_path = Path(tmp) / "reference.toml"
+            recipe_path.write_text("[reference]\n" + "".join(f"{k} = {json.dumps(v)}\n"
+                                                              for k, v in plan["reference"].items()))
+        return bundle(run, name, figures=figures, recipe_path=recipe_path, repo_id=entry.get("repo_id"),
+                      revision=entry.get("revision"), license=plan["licence"], pretrained_dir=target_root,
+                      catalog_file=cat_file, cards_dir=cards)
 
 
 # -- command line -------------------------------------------------------------------------------------------
@@ -372,26 +394,37 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     if args.readme_table:
         print(models_table_markdown(), end="")
         return 0
+    given = [flag for flag, value in (("a run directory", args.run_dir), ("--name", args.name),
+                                      ("--default", args.default), ("--figure", args.figure),
+                                      ("--recipe", args.recipe), ("--repo-id", args.repo_id),
+                                      ("--revision", args.revision), ("--license", args.license)) if value]
+    for mode, names in (("--retire", args.retire), ("--refresh", args.refresh)):
+        if names and given:
+            raise UsageError(f"{mode} takes model names only, not {', '.join(given)}")
+    if args.retire and args.refresh:
+        raise UsageError("--retire and --refresh exclude each other")
     if args.retire:
-        if args.run_dir:
-            raise UsageError("--retire takes model names, not a run directory")
         for name in args.retire:
             records = retire(name)
             print(f"retired {name}: removed from the catalogue and zoo/pretrained/; its record: "
                   f"{', '.join(str(p) for p in records)}")
         return 0
     if args.refresh:
-        if args.run_dir:
-            raise UsageError("--refresh takes model names, not a run directory")
+        places = _places(None, None, None)
+        for name in args.refresh:  # every model's files checked before any card is rewritten
+            _refresh_plan(name, *places)
         for name in args.refresh:
             entry = refresh(name)
-            print(f"refreshed {name}: card {entry['card']} and catalogue entry rebuilt from its bundled files")
+            print(f"refreshed {name}: card {entry['card']} and catalogue entry rebuilt from its bundled files "
+                  f"(its README.md hash changed: publish it again if {entry['repo_id']}@{entry['revision']} is "
+                  "on the Hub)")
         return 0
     if not args.run_dir:
         raise UsageError("give a run directory (made by `zoo train`), --retire NAME, --refresh NAME, or "
                          "--readme-table")
     entry = bundle(args.run_dir, args.name, default=args.default, figures=args.figure or [],
-                   recipe_path=args.recipe, repo_id=args.repo_id, revision=args.revision, license=args.license)
+                   recipe_path=args.recipe, repo_id=args.repo_id, revision=args.revision,
+                   license=args.license or "mit")
     m = entry["metrics"]
     print(f"bundled {Path(entry['directory']).name} -> {entry['directory']} ({len(entry['files'])} files); "
           f"card {entry['card']}; valid {m['metric']} {m['valid']:.4f}, test {m['test']:.4f}")
@@ -408,7 +441,7 @@ def add_cli(subparsers) -> None:
     sp.add_argument("--recipe", help="recipe file holding the [reference] table (default: zoo/recipes/<name>.toml)")
     sp.add_argument("--repo-id", help=f"Hub repository (default: {DEFAULT_ORG}/<name>)")
     sp.add_argument("--revision", help=f"Hub revision (tag) the release is pinned to (default: {DEFAULT_REVISION})")
-    sp.add_argument("--license", default="mit", help="licence id for the card (default: mit)")
+    sp.add_argument("--license", help="licence id for the card (default: mit)")
     sp.add_argument("--retire", nargs="+", metavar="NAME", help="take bundled model(s) out of the zoo, keeping "
                     "each run as a record in model_cards/runs/ (for models a longer-budget tier supersedes)")
     sp.add_argument("--refresh", nargs="+", metavar="NAME", help="rebuild bundled model(s)' card and catalogue "

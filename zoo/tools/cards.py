@@ -320,9 +320,10 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     if reference and not has_numbers(reference):
         lim.append(f"- The setting follows {reference['source']}; no published number is comparable with this run.")
     elif reference:
-        lim.append(f"- The published reference ({reference.get('source', 'see recipe')}) is the paper's own "
-                   "setting: its source says where it is not matched to this run (size, training budget, "
-                   "optimiser); the recipe above is this run's complete configuration.")
+        source = reference.get("source", "see recipe")
+        lim.append(f"- The published reference ({source}) comes from the paper's own setting"
+                   + (": it is not matched to this run where its source says so" if "not " in source and
+                      "matched" in source else "") + "; the recipe above is this run's complete configuration.")
     f["limitations"] = "\n".join(lim)
     f["bibtex"] = "\n\n".join(CITATIONS[k] for k in citation_keys(arch, recipe))
     return string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(f)
