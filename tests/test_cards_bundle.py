@@ -307,8 +307,15 @@ def test_refresh_rebuilds_the_card_from_the_bundled_files_and_keeps_weights_and_
         refresh("nope", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards)
     monkeypatch.setenv("ZOO_CATALOG", str(pkg / "catalog.json"))
     monkeypatch.setenv("ZOO_MODEL_CARDS_DIR", str(cards))
+    code, out, _ = run_main(capsys, "bundle", "--refresh", "m")  # nothing it quotes changed since
+    assert code == 0 and "m.md unchanged, catalogue entry rebuilt" in out and "publish" not in out, out
+    report = json.loads((cards / "tiers" / "t.json").read_text())
+    report["claims"][0]["detail"] = "2 < 4"
+    (cards / "tiers" / "t.json").write_text(json.dumps(report))
     code, out, _ = run_main(capsys, "bundle", "--refresh", "m")
-    assert code == 0 and "publish it again if someone/m@v2 is on the Hub" in out
+    assert code == 0 and "someone/m@v2 no longer matches" in out and "zoo publish m --tag NEW_TAG" in out, out
+    card = (folder / "README.md").read_text()
+    assert "| a paper's claim | met | 2 < 4 |" in card
     for args, message in ((["--refresh", "nope"], "'nope' is not in the catalogue"),
                           (["--refresh", "m", "nope"], "'nope' is not in the catalogue"),
                           (["--refresh", "m", "--license", "mit"], "--refresh takes model names only, not --license"),

@@ -360,7 +360,7 @@ def refresh(name: str, *, pretrained_dir: str | os.PathLike | None = None,
     generator improved) and the run dir is gone. The bundled folder, ``<name>.eval.json`` and ``<name>.log.jsonl``
     are the run: the weights, vocabulary and figures are copied through unchanged (byte-identical); the Hub repo,
     revision, licence and default are kept, and the reference is the recipe file's (else the catalogue's). The
-    card's hash in the catalogue changes: a release already on the Hub needs publishing again."""
+    card's hash in the catalogue changes: a release already on the Hub needs publishing again, as a new tag."""
     import tempfile
 
     cat_file, target_root, cards = _places(catalog_file, pretrained_dir, cards_dir)
@@ -414,10 +414,14 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         for name in args.refresh:  # every model's files checked before any card is rewritten
             _refresh_plan(name, *places)
         for name in args.refresh:
+            pinned = json.loads(places[0].read_text())["models"][name]["files"]["README.md"]["sha256"]
             entry = refresh(name)
-            print(f"refreshed {name}: card {entry['card']} and catalogue entry rebuilt from its bundled files "
-                  f"(its README.md hash changed: publish it again if {entry['repo_id']}@{entry['revision']} is "
-                  "on the Hub)")
+            if entry["files"]["README.md"]["sha256"] == pinned:
+                print(f"refreshed {name}: card {entry['card']} unchanged, catalogue entry rebuilt")
+                continue
+            print(f"refreshed {name}: card {entry['card']} rebuilt; its README.md hash changed, so a release "
+                  f"already on the Hub as {entry['repo_id']}@{entry['revision']} no longer matches the catalogue "
+                  f"(a tag is never moved): publish it as a new release, `zoo publish {name} --tag NEW_TAG`")
         return 0
     if not args.run_dir:
         raise UsageError("give a run directory (made by `zoo train`), --retire NAME, --refresh NAME, or "
