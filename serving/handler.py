@@ -11,8 +11,9 @@ Request bodies (decoded here, never by the worker: ``decode_input_request=false`
 
 * ``application/json``: ``{"task": "score", "texts": [...], "return_tokens": false}`` or
   ``{"task": "generate", "prompt": "...", "max_new_tokens": 50, "temperature": 1.0, "top_k": 0,
-  "top_p": 1.0, "seed": null, "stop_at_eos": true, "stream": false}``;
-* ``text/plain`` (or no content type): the body is one text to score.
+  "top_p": 1.0, "seed": null, "stop_at_eos": false, "stream": false}``;
+* ``text/plain`` (or no content type): the body is one text to score (a JSON object without a content type is
+  refused: it was almost surely meant as JSON).
 
 Every bad input is answered for its own request with HTTP 400 and
 ``{"code": 400, "type": "BadRequest", "field": ..., "message": ...}``; the other requests of the
@@ -299,6 +300,9 @@ class ZooService:
         replies = self.service.score([jobs[i] for i in ids])
         scored = 0
         for i, reply in zip(ids, replies, strict=True):
+            if isinstance(reply, InvalidRequest):  # e.g. over the token limit: this request's own 400
+                out[i] = self._reply(context, i, 400, error_body(reply))
+                continue
             if isinstance(reply, Exception):
                 out[i] = self._internal_error(context, i, "scoring")
                 continue

@@ -50,6 +50,15 @@ def test_score_file_per_line_and_stdin(capsys, tiny_checkpoint, tmp_path):
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and [r["line"] for r in rows] == [1, 2, 3]  # one object per input line, numbered
     assert rows[1] == {"line": 2, "skipped": "blank"} and rows[0]["num_tokens"] == 3 and rows[2]["num_tokens"] == 4
+    # lines end at "\n" (and "\r\n") only: a form feed or U+2028 inside a line does not shift the numbers
+    f.write_text("the cat\u2028sat\r\na dog ran on the mat\x0cand the cat sat\n\nthe mat\n", newline="")
+    code, out, _ = run(capsys, "score", str(tiny_checkpoint), str(f), "--per-line", "--json")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [r["line"] for r in rows] == [1, 2, 3, 4] and rows[2] == {"line": 3, "skipped": "blank"}
+    assert rows[3]["num_tokens"] == 3
+    f.write_text("the cat\n\n\nthe\x00mat\n")  # an error names the file's line, not an index among the texts
+    code, _, err = run(capsys, "score", str(tiny_checkpoint), str(f), "--per-line")
+    assert code == 2 and "line 4 looks like binary data" in err and err.count("\n") == 1, err
     proc = subprocess.run([sys.executable, "-m", "zoo.cli", "score", str(tiny_checkpoint), "-"], input=b"the mat",
                           capture_output=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0 and b"ppl" in proc.stdout

@@ -65,6 +65,10 @@ def test_lr_zero_equals_static_scoring_and_weights_are_restored(rule):
     again = dynamic_logprobs(lm, seq[:-1], seq[1:], p, stats=stats)
     assert torch.equal(adapted, again), "scoring the same text twice gives the same numbers"
     assert all(torch.equal(a, b) for a, b in zip(before, lm.parameters(), strict=True))
+    # never written at all, not even written and restored: a server shares the model between concurrent requests
+    versions = [q._version for q in lm.parameters()]
+    dynamic_logprobs(lm, seq[:-1], seq[1:], p, stats=stats)
+    assert [q._version for q in lm.parameters()] == versions
     assert all(torch.equal(a, b) for a, b in zip(rms_before, stats.rms, strict=True)), "statistics are read-only"
     # the first segment is scored before any step: static there (up to the no-grad vs grad kernels), different after
     torch.testing.assert_close(adapted[:7], static[:7], rtol=1e-6, atol=1e-6)
@@ -142,7 +146,8 @@ def test_adaptation_helps_on_a_text_that_repeats():
 
 @pytest.mark.parametrize("bad", [dict(segment=0), dict(lr=-1.0), dict(decay=2.0), dict(lr=float("nan")),
                                  dict(rule="adam"), dict(eps=0.0), dict(eps=-1e-3), dict(stats_tokens=0),
-                                 dict(stats_batch=2.5), dict(stats_tokens=100), dict(segment=True)])
+                                 dict(stats_batch=2.5), dict(stats_tokens=100), dict(segment=True),
+                                 dict(segment=10_001)])
 def test_bad_parameters_are_clear_errors(bad):
     with pytest.raises(ValueError):
         DynamicParams(**bad)

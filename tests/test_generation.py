@@ -72,6 +72,76 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert torch.isfinite(filter_logits(logits, 2, 1.0)).tolist() == [True, True, False, False]
 
 
+def test_a_long_prompt_runs_in_pieces_with_the_same_continuation(model, monkeypatch):
+    """The prompt's logits are never needed, so it runs through in pieces within the scoring budget (no
+    [1, T, V] tensor for a long prompt); the state is carried, so the continuation is the same."""
+    import zoo.generation as generation
+
+    prompt = " ".join(["the cat sat on the mat"] * 20)
+    want = model.generate_ids(prompt, max_new_tokens=15, temperature=0)
+    monkeypatch.setattr(generation, "LOGIT_BUDGET", 7 * len(model.tokenizer))
+    lengths = []
+    forward = model.runner.forward
+
+    def counting(tokens, state=None):
+        lengths.append(tokens.shape[1])
+        return forward(tokens, state)
+
+    monkeypatch.setattr(model.runner, "forward", counting)
+    assert model.generate_ids(prompt, max_new_tokens=15, temperature=0) == want
+    assert max(lengths) == 7 and sum(lengths) == len(model.tokenizer.encode(prompt, add_eos=False).ids)
+
+
+class _Bigram(torch.nn.Module):
+    """A bigram language model (next-symbol logits are a table row of the current symbol, no state): the
+    smallest model of the protocol whose greedy continuation is known in advance."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = torch.nn.Parameter(table)
+
+    def init_state(self, batch_size: int, device=None):
+        return (torch.zeros(batch_size, 1),)
+
+    def forward(self, tokens, state=None):
+        return self.table[tokens], state
+
+    def step(self, token, state):
+        return self.table[token], state
+
+
+def test_allow_unk_false_never_completes_a_character_models_spelled_unk():
+    """A character model spells <unk> as its five characters; greedily this bigram model writes it over and
+    over. With allow_unk=False the spelling is never completed (its '>' is the one symbol masked, and only
+    after '<unk'), and everything else is left as it was."""
+    from zoo.generation import sample_ids
+    from zoo.tokenizer import Tokenizer
+
+    vocab = ["<eos>", "_", "<", "u", "n", "k", ">", "a"]
+    tok = Tokenizer(vocab, "ptb-char")
+    ix = tok.index
+    table = torch.full((len(vocab), len(vocab)), -5.0)
+    for a, b in (("<eos>", "<"), ("<", "u"), ("u", "n"), ("n", "k"), ("k", ">"), (">", "<"), ("a", "<")):
+        table[ix[a], ix[b]] = 5.0
+    table[ix["k"], ix["a"]] = 1.0  # second best after 'k'
+    model = ZooModel(_Bigram(table), tok, {"name": "bigram"})
+    greedy = {"temperature": 0, "max_new_tokens": 20}
+    assert "<unk>" in "".join(tok.vocab[i] for i in sample_ids(model.runner, tok, "", SamplingParams(**greedy)))
+    ids = list(sample_ids(model.runner, tok, "", SamplingParams(**greedy, allow_unk=False)))
+    assert "".join(tok.vocab[i] for i in ids) == "<unka" * 4
+    # the public calls take the same path
+    assert "<unk>" not in model.generate("a", temperature=0, max_new_tokens=30, allow_unk=False).replace(" ", "")
+
+
+def test_a_prompt_of_the_wrong_type_fails_at_the_call():
+    from zoo.errors import WrongType
+
+    m = ZooModel(tiny_lm("lstm"), tiny_tokenizer(), {"name": "tiny"})
+    for call in (m.stream, m.generate, m.generate_ids):
+        with pytest.raises(WrongType, match="prompt must be a str, got int"):
+            call(123)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("kw", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1),
                                 dict(max_new_tokens=-1), dict(max_new_tokens=10**6)])
 def test_invalid_parameters(kw):

@@ -77,6 +77,35 @@ def test_corpus_eval_equals_independent_mean_nll(model):
     assert res["ppl"] == pytest.approx(math.exp(nll.item()), rel=1e-5)
 
 
+def test_corpus_eval_runs_a_huge_bptt_in_pieces_with_the_same_numbers(model, monkeypatch):
+    """Given the vocabulary size, a bptt chunk whose logits would pass the budget runs in pieces (the state is
+    carried): the same perplexity, and no forward call sees more rows than the budget allows."""
+    torch.manual_seed(3)
+    stream = torch.randint(0, len(model.tokenizer), (523,))
+    whole = scoring.evaluate_stream(model.runner, stream, batch_size=4, bptt=10**9, progress=False)
+    monkeypatch.setattr(scoring, "LOGIT_BUDGET", len(model.tokenizer) * 4 * 5 // 4)  # 5 rows of 4 columns
+    seen = []
+
+    class Counting:
+        def init_state(self, b):
+            return model.runner.init_state(b)
+
+        def forward(self, x, state):
+            seen.append(x.shape[1])
+            return model.runner.forward(x, state)
+
+    cut = scoring.evaluate_stream(Counting(), stream, batch_size=4, bptt=10**9, progress=False,
+                                  vocab_size=len(model.tokenizer))
+    assert max(seen) == 5 and sum(seen) == 523 // 4 - 1
+    assert cut["num_tokens"] == whole["num_tokens"] and cut["ppl"] == pytest.approx(whole["ppl"], rel=1e-6)
+
+
+def test_a_perplexity_past_float_range_is_infinite_not_an_error():
+    assert scoring.summarize(800.0, 1, 0)["ppl"] == math.inf
+    assert scoring.summarize(708.0, 1, 0)["ppl"] == pytest.approx(math.exp(708.0))
+    assert math.isnan(scoring.summarize(math.nan, 1, 0)["ppl"])
+
+
 def test_rejects_bad_types(model):
     from zoo.errors import ConfigError, WrongType
 
@@ -89,6 +118,10 @@ def test_rejects_bad_types(model):
             model.evaluate("ptb", "valid", batch_size=bad)
     with pytest.raises(ConfigError, match="bptt must be a positive integer, got 0"):
         model.evaluate("ptb", "valid", bptt=0)
+    with pytest.raises(ConfigError, match="texts is an empty list"):
+        model.score([])
+    with pytest.raises(WrongType, match="return_tokens must be a bool"):
+        model.score("the cat", return_tokens="yes")  # type: ignore[arg-type]
 
 
 def test_warnings_flag_text_the_model_does_not_know(tiny_checkpoint):

@@ -112,6 +112,10 @@ BAD_BODIES = [  # (id, raw body, content type, field)
     ("form-body", b"text=the+cat&x=%zz", "application/x-www-form-urlencoded", "Content-Type"),
     ("octet-stream", b"the cat", "application/octet-stream", "Content-Type"),
     ("str-with-surrogate", "the \ud800", "text/plain", "body"),
+    ("json-duplicate-key", b'{"texts": ["a"], "texts": ["b"]}', "application/json", "body"),
+    ("json-duplicate-nested", b'{"task": "generate", "seed": 1, "prompt": "a", "seed": 2}', "application/json",
+     "body"),
+    ("json-without-content-type", b' {"task": "generate", "prompt": "the"}', "", "Content-Type"),
     ("not-bytes", 42, "application/json", "body"),
 ]
 
@@ -140,6 +144,17 @@ def test_bad_body_names_its_field(case):
     to_json(error_body(info.value)).decode("utf-8")
 
 
+def test_duplicate_keys_and_untyped_json_are_named():
+    with pytest.raises(InvalidRequest, match="the key texts appears more than once"):
+        parse_body(b'{"texts": ["a"], "texts": ["b"]}', "application/json", LIMITS)
+    with pytest.raises(InvalidRequest, match="send Content-Type: application/json"):
+        parse_body(b'{"texts": ["a"]}', "", LIMITS)
+    # text that merely starts with a brace, or JSON that is not an object, is still one text to score
+    for raw in (b"{the cat} sat", b'["the cat"]', b"{"):
+        assert parse_body(raw, "", LIMITS).texts == (raw.decode(),)
+    assert parse_body(b'{"texts": ["a"]}', "text/plain", LIMITS).texts == ('{"texts": ["a"]}',)
+
+
 def test_good_requests_and_integral_floats():
     req = parse_request({"texts": ["the cat", "a dog"], "return_tokens": True}, LIMITS)
     assert isinstance(req, ScoreRequest) and req.texts == ("the cat", "a dog") and req.return_tokens
@@ -164,6 +179,13 @@ def test_limits_from_config_checked():
         Limits.from_mapping({"max_texts": "many"})
     with pytest.raises(InvalidRequest, match="max_new_tokens"):
         Limits.from_mapping({"max_new_tokens": 10**6})
+    assert Limits.from_mapping({"allow_dynamic": True, "truncate": False}).allow_dynamic  # the yaml's booleans
+    assert Limits.from_mapping({"max_temperature": 1.5}).max_temperature == 1.5
+    for bad in ("nan", -1, 0, 1e9):  # NaN would switch the cap off, <= 0 refuse every sampled generation
+        with pytest.raises(InvalidRequest, match="max_temperature"):
+            Limits.from_mapping({"max_temperature": bad})
+    with pytest.raises(InvalidRequest, match="allow_dynamic"):
+        Limits.from_mapping({"allow_dynamic": 2})
 
 
 def test_to_json_never_fails():
@@ -187,6 +209,21 @@ def test_score_batch_equals_each_alone(service):
         assert reply["corpus"]["nll"] == pytest.approx(alone["corpus"]["nll"], rel=1e-5)
     assert "tokens" in batched[1]["texts"][0] and "tokens" not in batched[0]["texts"][0]
     assert batched[0]["warnings"] == [] and batched[0]["corpus"]["num_texts"] == 2
+
+
+def test_token_limit_is_counted_after_tokenisation_and_refuses_one_request_alone(service):
+    """The character caps do not bound the tokens (a character model spells an unknown character as five
+    symbols): each score request is counted once tokenised, and one over the limit fails alone, as a 400."""
+    tok = service.model.tokenizer
+    small, big = ScoreRequest(("the cat",)), ScoreRequest(("the cat sat on the mat", "a dog"))
+    n_small, n_big = (sum(len(tok.encode(t).ids) for t in r.texts) for r in (small, big))
+    capped = Service(service.model, Limits(max_total_tokens=n_big - 1))
+    replies = capped.score([small, big, small])
+    assert isinstance(replies[1], InvalidRequest) and replies[1].field == "texts"
+    assert f"tokenise to {n_big:,} tokens" in replies[1].message and f"limit is {n_big - 1:,}" in replies[1].message
+    assert replies[0]["corpus"] == replies[2]["corpus"] == service.score([small])[0]["corpus"]
+    assert replies[0]["corpus"]["num_tokens"] == n_small
+    assert not isinstance(Service(service.model, Limits(max_total_tokens=n_big)).score([big])[0], Exception)
 
 
 class _FailsOn:

@@ -37,7 +37,7 @@ pytestmark = [
     pytest.mark.skipif((java_version() or 0) < 17, reason="TorchServe needs Java 17 (make system-deps)"),
 ]
 
-LIMITS = {"max_texts": 8, "max_chars": 2000, "max_total_chars": 6000, "max_new_tokens": 64}
+LIMITS = {"max_texts": 8, "max_chars": 2000, "max_total_chars": 6000, "max_total_tokens": 5000, "max_new_tokens": 64}
 MAX_REQUEST_BYTES = 64 * 1024
 HTTP_TIMEOUT = 30
 LOST_REQUEST_TIMEOUT = 8
@@ -392,6 +392,8 @@ BAD_INPUTS = [  # (id, content type, body, expected status, field named in the e
     ("texts-missing", "application/json", {"task": "score"}, 400, "texts"),
     ("too-many-texts", "application/json", {"texts": ["a cat"] * (LIMITS["max_texts"] + 1)}, 400, "texts"),
     ("text-too-long", "application/json", {"texts": [_long_text()]}, 400, "texts[0]"),
+    # within the character caps (3 x 2,000), over the token cap once tokenised (one word and one <eos> per line)
+    ("too-many-tokens", "application/json", {"texts": ["a\n" * 1000] * 3}, 400, "texts"),
     ("return-tokens-not-bool", "application/json", {"texts": ["a"], "return_tokens": "yes"}, 400, "return_tokens"),
     ("unknown-task", "application/json", {"task": "translate", "texts": ["a"]}, 400, "task"),
     ("task-not-str", "application/json", {"task": 5}, 400, "task"),
@@ -456,8 +458,7 @@ def _core_cases() -> list[tuple[str, bytes, str, str]]:
     core names under this server's limits: the server must answer each with that same 400."""
     from tests.test_service import BAD_BODIES, BAD_PAYLOADS
 
-    limits = Limits(max_texts=LIMITS["max_texts"], max_chars=LIMITS["max_chars"],
-                    max_total_chars=LIMITS["max_total_chars"], max_new_tokens=LIMITS["max_new_tokens"])
+    limits = Limits(**LIMITS)
     cases = [(name, json.dumps(payload).encode(), "application/json") for name, payload, _ in BAD_PAYLOADS]
     cases += [(f"body-{name}", raw, ctype) for name, raw, ctype, _ in BAD_BODIES if isinstance(raw, bytes)]
     out = []

@@ -101,7 +101,10 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
             content = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise UsageError(f"{src}: not valid UTF-8 (byte {e.start})") from None
-        texts = content.splitlines() if args.per_line else [content]
+        # lines end at "\n" only (str.splitlines also splits at \f, \x1c-\x1e, \x85, \u2028/9, which would
+        # shift every later line number)
+        texts = [t.removesuffix("\r") for t in content.removesuffix("\n").split("\n")] if args.per_line \
+            else [content]
     if not texts or all(not t.strip() for t in texts):
         raise UsageError("nothing to score: the input is empty")
     if not args.per_line and any(not t.strip() for t in texts):
@@ -123,21 +126,23 @@ def cmd_score(args: argparse.Namespace) -> int:
     _require(args, positive=("--batch-size",))
     lines = _read_texts(args)
     keep = [i for i, t in enumerate(lines) if t.strip()]
-    from zoo.service import CLI_LIMITS, parse_score
+    from zoo.service import CLI_LIMITS, parse_score, to_json
+    from zoo.validate import check_text
 
-    # the service schema (no size limit on the CLI): NUL, binary data and undecodable argv bytes are refused
-    texts = list(parse_score({"texts": [lines[i] for i in keep]}, CLI_LIMITS).texts)
+    # the service schema (no size limit on the CLI): NUL, binary data and undecodable argv bytes are refused;
+    # with --per-line an error names the file's line
+    texts = [check_text(lines[i], f"line {i + 1}")[0] for i in keep] if args.per_line else \
+        list(parse_score({"texts": [lines[i] for i in keep]}, CLI_LIMITS).texts)
     model = _load(args)
     report = model.score(texts, return_tokens=args.tokens, batch_size=args.batch_size, progress=True,
                          dynamic=_dynamic(args))
     by_line = dict(zip(keep, report.texts, strict=True))
-    if args.json:  # one object per text; with --per-line one per input line, numbered from 1
-        for i in range(len(lines)) if args.per_line else keep:
+    if args.json:  # one object per text; with --per-line one per input line, numbered from 1 (strict JSON:
+        for i in range(len(lines)) if args.per_line else keep:  # an infinite perplexity is null, as over HTTP)
             res = by_line.get(i)
-            if not args.per_line:
-                print(json.dumps(res))
-            else:
-                print(json.dumps({"line": i + 1, **res} if res is not None else {"line": i + 1, "skipped": "blank"}))
+            if args.per_line:
+                res = {"line": i + 1, **res} if res is not None else {"line": i + 1, "skipped": "blank"}
+            print(to_json(res).decode("utf-8"))
         return 0
     for i, res in enumerate(report.texts):
         head = (f"line {keep[i] + 1}: " if args.per_line else f"text {i + 1}: ") if len(report) > 1 else ""
@@ -183,7 +188,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          bptt=args.bptt, dynamic=_dynamic(args))
     res["model"] = model.name
     if args.json:
-        print(json.dumps(res))
+        from zoo.service import to_json
+
+        print(to_json(res).decode("utf-8"))
     else:
         # a character model's bits per predicted symbol is what its card (and the papers) call bits per character
         extra = f"  bits/symbol (the card's bpc) {res['bits_per_token']:.4f}" if model.tokenizer.is_char else ""

@@ -22,10 +22,11 @@ which keeps the adapted weights from drifting over a long text), both computed f
   past ``theta_0``. The paper finds it the better of the two; the validation grid here compares them too
   (:data:`DEFAULTS`).
 
-The state is carried across segments (the gradient is truncated at segment boundaries, like BPTT), dropout is
-off, and the trained weights are restored when the sequence ends, also on error: scoring the same text twice
-gives the same numbers. The gradient statistics are read, never written. Costs a forward and a backward pass
-per segment at batch 1.
+The state is carried across segments (the gradient is truncated at segment boundaries, like BPTT), dropout is off,
+and the weights that adapt are a private copy of the model's: the caller's model is never written (a server shares
+it between concurrent requests, so adapting it in place and restoring it afterwards would let an overlapping request
+see, or keep, half-adapted weights), and scoring the same text twice gives the same numbers. The gradient statistics
+are read, never written. Costs a forward and a backward pass per segment at batch 1.
 
 ``lr``, ``decay`` and ``segment`` defaults are chosen on the validation split, never on test (:data:`DEFAULTS`
 says from what).
@@ -33,6 +34,7 @@ says from what).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass
 
@@ -44,6 +46,10 @@ from zoo.errors import ConfigError
 
 #: The update rules of :class:`DynamicParams` (see the module docstring).
 RULES = ("sgd", "rms")
+
+
+#: The longest segment (tokens per update; the paper uses 5): a segment's forward and backward run as one graph.
+MAX_SEGMENT = 10_000
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ class DynamicParams:
             v = getattr(self, name)
             if not isinstance(v, int | float) or isinstance(v, bool) or not (v >= 0) or v == float("inf"):
                 raise ConfigError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.segment > MAX_SEGMENT:  # a segment is one autograd graph at batch 1: bounded memory
+            raise ConfigError(f"segment must be at most {MAX_SEGMENT} tokens, got {self.segment}")
         if self.decay > 1:
             raise ConfigError(f"decay must be at most 1, got {self.decay!r}")
         if self.rule not in RULES:
@@ -169,7 +177,7 @@ def gradient_stats(lm: torch.nn.Module, train: Tensor, params: DynamicParams = D
 def dynamic_logprobs(lm: torch.nn.Module, inputs: Tensor, targets: Tensor, params: DynamicParams = DEFAULTS,
                      progress: bool = False, desc: str = "dynamic", stats: GradStats | None = None) -> Tensor:
     """Log-probability (float64) of every ``targets[t]`` given ``inputs[:t+1]``, for one sequence (1-D tensors of
-    equal length), with the weights adapting segment by segment; the trained weights are restored at the end.
+    equal length), with the weights adapting segment by segment; the model itself is never written (a copy adapts).
     ``stats``: the model's :func:`gradient_stats`, required by ``rule="rms"`` (``ZooModel`` computes them from its
     training split and caches them)."""
     if inputs.dim() != 1 or inputs.shape != targets.shape:
@@ -190,14 +198,17 @@ def dynamic_logprobs(lm: torch.nn.Module, inputs: Tensor, targets: Tensor, param
                                                                                  strict=True)]
         decay_rate = [(r.to(p.device, p.dtype) * (params.decay / mean_rms)).clamp_(max=1.0)
                       for r, p in zip(stats.rms, params_list, strict=True)]
+    seg = params.segment
+    adapt = params.lr > 0 or params.decay > 0
+    if adapt:  # a private copy adapts (module docstring); its parameters in the order of the statistics
+        lm = copy.deepcopy(lm)
+        params_list = [p for p in lm.parameters() if p.requires_grad]
     theta0 = [p.detach().clone() for p in params_list]
     was_training = lm.training
     lm.eval()
     out = torch.empty(targets.numel(), dtype=torch.float64)
     device = theta0[0].device if theta0 else torch.device("cpu")
     state = lm.init_state(1, device)
-    seg = params.segment
-    adapt = params.lr > 0 or params.decay > 0
     try:
         for start in tqdm(range(0, targets.numel(), seg), desc=desc, unit="segment", disable=not progress,
                           leave=False):
@@ -214,9 +225,6 @@ def dynamic_logprobs(lm: torch.nn.Module, inputs: Tensor, targets: Tensor, param
             with torch.no_grad():
                 _step(params_list, grads, theta0, params, inv_denom, decay_rate)
     finally:
-        with torch.no_grad():
-            for p, p0 in zip(params_list, theta0, strict=True):
-                p.copy_(p0)
         lm.train(was_training)
     return out
 

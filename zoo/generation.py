@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InvalidRequest
-from zoo.tokenizer import Tokenizer
+from zoo.scoring import LOGIT_BUDGET
+from zoo.tokenizer import UNK, Tokenizer
 from zoo.validate import as_bool, as_float, as_int
 
 MAX_NEW_TOKENS_LIMIT = 4096
@@ -31,7 +32,8 @@ class SamplingParams:
 
     ``max_new_tokens`` is how many tokens are generated: ``<eos>`` is a token like any other (it renders as a
     line break) unless ``stop_at_eos``, which ends generation at the first one. ``temperature == 0`` means
-    greedy decoding. ``allow_unk=False`` never produces ``<unk>`` (its probability is moved to the rest).
+    greedy decoding. ``allow_unk=False`` never produces ``<unk>`` (its probability is moved to the rest); a
+    character model, which spells ``<unk>`` as its five characters, never completes that spelling.
     Bad values raise :class:`zoo.errors.InvalidRequest` (a ``ValueError``) naming the field.
     """
 
@@ -79,15 +81,24 @@ def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams
     """Yield generated token ids one by one: ``max_new_tokens`` of them, unless ``stop_at_eos`` and ``<eos>``."""
     gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     context = [tokenizer.eos_id] + tokenizer.encode(prompt, add_eos=False).ids
+    # a character model's <unk> is spelled as characters (zoo.tokenizer): the ids of that spelling, if it has them
+    spelled = [tokenizer.index[ch] for ch in UNK] if tokenizer.is_char and all(ch in tokenizer.index for ch in UNK) \
+        else []
     state = runner.init_state(1)
-    if len(context) > 1:
-        _, state = runner.forward(torch.tensor([context[:-1]], dtype=torch.long), state)
+    # the prompt runs through in pieces whose logits (computed and dropped) stay within the scoring budget: the
+    # state is carried, so this is the whole prompt's state, without a [1, T, V] tensor for a long prompt
+    piece = max(1, LOGIT_BUDGET // len(tokenizer))
+    for s in range(0, len(context) - 1, piece):
+        _, state = runner.forward(torch.tensor([context[s:min(s + piece, len(context) - 1)]], dtype=torch.long),
+                                  state)
     token = torch.tensor([context[-1]], dtype=torch.long)
     for _ in range(params.max_new_tokens):
         logits, state = runner.step(token, state)
         logits = logits[0].float()
         if not params.allow_unk and tokenizer.unk_id is not None:
             logits[tokenizer.unk_id] = float("-inf")
+        elif not params.allow_unk and spelled and context[len(context) - len(spelled) + 1:] == spelled[:-1]:
+            logits[spelled[-1]] = float("-inf")  # the last character of a spelled <unk>
         if params.temperature == 0:
             nxt = int(torch.argmax(logits))
         else:
@@ -95,6 +106,7 @@ def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams
             nxt = int(torch.multinomial(probs, 1, generator=gen))
         if params.stop_at_eos and nxt == tokenizer.eos_id:
             return
+        context.append(nxt)
         yield nxt
         token = torch.tensor([nxt], dtype=torch.long)
 

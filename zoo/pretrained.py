@@ -110,6 +110,10 @@ class ZooModel:
             texts = [texts]
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise WrongType("texts must be a str or a list of str")
+        if not texts:
+            raise ConfigError("texts is an empty list: nothing to score")
+        if not isinstance(return_tokens, bool):
+            raise WrongType(f"return_tokens must be a bool, got {type(return_tokens).__name__}")
         _check_positive("batch_size", batch_size)
         dyn = self._dynamic(dynamic)
         stats = self.dynamic_stats(dyn, progress=progress) if dyn is not None else None
@@ -149,6 +153,8 @@ class ZooModel:
 
     def stream(self, prompt: str = "", **sampling: Any) -> Iterator[str]:
         """Yield generated text piece by piece (keywords of :class:`SamplingParams`)."""
+        if not isinstance(prompt, str):  # here, not at the first next(): the call is where the mistake is
+            raise WrongType(f"prompt must be a str, got {type(prompt).__name__}")
         params = SamplingParams(**sampling)
         return stream_text(self.runner, self.tokenizer, prompt, params)
 
@@ -157,6 +163,8 @@ class ZooModel:
         return "".join(self.stream(prompt, **sampling))
 
     def generate_ids(self, prompt: str = "", **sampling: Any) -> list[int]:
+        if not isinstance(prompt, str):
+            raise WrongType(f"prompt must be a str, got {type(prompt).__name__}")
         return list(sample_ids(self.runner, self.tokenizer, prompt, SamplingParams(**sampling)))
 
     def eval_protocol(self, split: str = "test") -> dict[str, Any]:
@@ -203,7 +211,7 @@ class ZooModel:
                                      progress=progress, desc=f"{dataset}/{split}")
         else:
             res = evaluate_stream(self.runner, corpus.split(split), batch_size=batch_size, bptt=bptt,
-                                  progress=progress, desc=f"{dataset}/{split}")
+                                  progress=progress, desc=f"{dataset}/{split}", vocab_size=len(self.tokenizer))
         res.update(dataset=dataset, split=split)
         return res
 

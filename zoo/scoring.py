@@ -65,6 +65,12 @@ class ScoreReport:
         return {"texts": self.texts, "corpus": self.corpus}
 
 
+def _exp(x: float) -> float:
+    """``exp(x)``, infinite past float64's range (a diverged model or a dynamic-evaluation lr that blew up the
+    weights has a mean NLL over ~709 nats; ``math.exp`` would raise OverflowError instead of reporting it)."""
+    return math.exp(x) if x < 709.0 else (float("inf") if x == x else x)
+
+
 def summarize(nll: float, num_tokens: int, num_chars: int) -> dict[str, Any]:
     """The metric fields shared by per-text results, aggregates and corpus evaluation."""
     avg = nll / num_tokens if num_tokens else float("nan")
@@ -72,7 +78,7 @@ def summarize(nll: float, num_tokens: int, num_chars: int) -> dict[str, Any]:
         "num_tokens": num_tokens,
         "nll": nll,
         "avg_nll": avg,
-        "ppl": math.exp(avg) if num_tokens else float("nan"),
+        "ppl": _exp(avg) if num_tokens else float("nan"),
         "bits_per_token": avg / LN2 if num_tokens else float("nan"),
         "bits_per_input_char": nll / (LN2 * num_chars) if num_chars else None,
     }
@@ -109,9 +115,9 @@ def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
                 batch_size: int = 16, progress: bool = False, dynamic: DynamicParams | None = None,
                 dynamic_stats: GradStats | None = None) -> ScoreReport:
     """Score raw texts; see the module docstring for exactly what is counted. With ``dynamic``, each text is
-    scored by dynamic evaluation (:mod:`zoo.dynamic`: the weights adapt within the text and are restored after
-    it), one text at a time; ``runner`` must then be the eager model, and ``dynamic_stats`` its gradient
-    statistics when the rule needs them (``rule="rms"``)."""
+    scored by dynamic evaluation (:mod:`zoo.dynamic`: a copy of the model adapts within the text, the model itself
+    is never written), one text at a time; ``runner`` must then be the eager model, and ``dynamic_stats`` its
+    gradient statistics when the rule needs them (``rule="rms"``)."""
     encs = [tokenizer.encode(t) for t in texts]
     logps: list[Tensor | None] = [None] * len(encs)
     if dynamic is not None:
@@ -177,23 +183,29 @@ def warnings_for(res: dict[str, Any], tokenizer: Tokenizer) -> list[str]:
 
 @torch.no_grad()
 def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: int = 70,
-                    progress: bool = True, desc: str = "eval") -> dict[str, Any]:
+                    progress: bool = True, desc: str = "eval", vocab_size: int | None = None) -> dict[str, Any]:
     """Standard corpus perplexity (AWD-LSTM / aLSTM protocol, without its off-by-one).
 
     The stream is cut into ``batch_size`` contiguous columns; the state starts at zero and is
     carried across ``bptt``-long chunks; every next-token prediction of every column is counted once.
+    ``vocab_size``: when given, a ``bptt`` chunk whose logits would pass ``4 * LOGIT_BUDGET`` floats is run in
+    shorter pieces (the state is carried, so the numbers are the same up to float summation order; a huge
+    ``bptt`` would otherwise ask for the whole split's logits at once).
     """
+    max_rows = max(1, 4 * LOGIT_BUDGET // (batch_size * vocab_size)) if vocab_size else bptt
     data = batchify(stream, batch_size)
     state = runner.init_state(batch_size)
     nll, count = 0.0, 0
     for i in tqdm(range(0, data.shape[0] - 1, bptt), desc=desc, unit="chunk", disable=not progress,
                   leave=False):
         seq = min(bptt, data.shape[0] - 1 - i)
-        x, y = data[i:i + seq].t(), data[i + 1:i + 1 + seq].t()
-        logits, state = runner.forward(x, state)
-        nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                                       y.reshape(-1).to(logits.device), reduction="sum"))
-        count += y.numel()
+        for j in range(i, i + seq, step := min(seq, max_rows)):
+            n = min(step, i + seq - j)
+            x, y = data[j:j + n].t(), data[j + 1:j + 1 + n].t()
+            logits, state = runner.forward(x, state)
+            nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                           y.reshape(-1).to(logits.device), reduction="sum"))
+            count += y.numel()
     res = summarize(nll, count, 0)
     res.pop("bits_per_input_char")
     res.update(batch_size=batch_size, bptt=bptt)

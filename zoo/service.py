@@ -28,7 +28,7 @@ from typing import Any
 from zoo.errors import InvalidRequest, ZooError
 from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
 from zoo.scoring import aggregate
-from zoo.validate import as_bool, as_int, check_text, surrogate_position
+from zoo.validate import as_bool, as_float, as_int, check_text, surrogate_position
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "s
 class Limits:
     """What one deployment accepts. The defaults are the HTTP server's; the demo narrows them to its sliders.
 
+    ``max_total_tokens``: tokens per score request, counted after tokenisation (the character caps do not bound
+    them: a character model spells a character outside its alphabet as the five symbols of ``<unk>``).
     ``truncate``: cut an over-long text to ``max_chars`` with a warning instead of refusing it. ``allow_dynamic``:
     accept ``"dynamic": true`` (dynamic evaluation, :mod:`zoo.dynamic`: ~8x the time of a plain score and a
     one-time pass over the model's training split); off on the server by default, on in the demo.
@@ -51,6 +53,7 @@ class Limits:
     max_texts: int = 64
     max_chars: int = 10_000
     max_total_chars: int = 100_000
+    max_total_tokens: int = 120_000
     max_prompt_chars: int = 10_000
     max_new_tokens: int = 512
     max_temperature: float = MAX_TEMPERATURE
@@ -65,10 +68,10 @@ class Limits:
         for f in fields(cls):
             if f.name in cfg:
                 value = cfg[f.name]
-                if f.name == "truncate":
+                if f.type in ("bool", bool):
                     kw[f.name] = as_bool(value, f.name)
                 elif f.name == "max_temperature":
-                    kw[f.name] = float(value)
+                    kw[f.name] = as_float(value, f.name, 0.0, MAX_TEMPERATURE, lo_open=True)
                 else:
                     kw[f.name] = as_int(value, f.name, 1)
         lim = cls(**kw)
@@ -80,7 +83,7 @@ class Limits:
 
 #: The command line's limits: the schema's types and ranges, no size caps (the user's own machine).
 CLI_LIMITS = Limits(max_texts=10**9, max_chars=10**12, max_total_chars=10**12, max_prompt_chars=10**12,
-                    max_new_tokens=MAX_NEW_TOKENS_LIMIT)
+                    max_total_tokens=10**15, max_new_tokens=MAX_NEW_TOKENS_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,23 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a repeated key (which one would win is the parser's choice, not the client's)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"the key {_field_name(key)} appears more than once")
+        seen.add(key)
+    return dict(pairs)
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+
+
 def parse_body(raw: bytes | bytearray | str | None, content_type: str = "",
                limits: Limits = Limits()) -> Request:
     """An HTTP body: ``application/json`` (a request object) or ``text/plain`` / no type (one text to score)."""
@@ -199,11 +219,14 @@ def parse_body(raw: bytes | bytearray | str | None, content_type: str = "",
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as e:
         raise InvalidRequest("body", f"not valid UTF-8 (byte {e.start})") from None
+    if not media and text.lstrip().startswith("{") and isinstance(_json_or_none(text), dict):
+        raise InvalidRequest("Content-Type", "is missing and the body is a JSON object: send Content-Type: "
+                                             "application/json (or text/plain to score it as text)")
     if media != JSON_TYPE:
         body, warnings = check_text(text, "body", limits.max_chars, truncate=limits.truncate)
         return ScoreRequest((body,), warnings=tuple(warnings))
     try:
-        payload = json.loads(text, parse_constant=_reject_constant)
+        payload = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_object)
     except RecursionError:
         raise InvalidRequest("body", "JSON nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, NaN/Infinity literals, integers over Python's digit limit
@@ -255,6 +278,10 @@ class Service:
         to float tolerance); if it fails, each request is scored alone so the others are still answered."""
         if not requests:
             return []
+        over = self._over_token_limit(requests)
+        if over:
+            rest = iter(self.score([r for k, r in enumerate(requests) if k not in over]))
+            return [over[k] if k in over else next(rest) for k in range(len(requests))]
         if any(r.dynamic for r in requests) and len(requests) > 1:  # dynamic ones are scored apart from the rest
             return [reply for r in requests for reply in self.score([r])]
         texts = [t for r in requests for t in r.texts]
@@ -280,6 +307,16 @@ class Service:
             out.append({"texts": results, "corpus": corpus_of(results, r.texts, self.model.tokenizer),
                         "warnings": list(r.warnings)})
         return out
+
+    def _over_token_limit(self, requests: Sequence[ScoreRequest]) -> dict[int, InvalidRequest]:
+        """The requests whose texts tokenise to more than ``max_total_tokens`` (by index), each refused alone."""
+        limit, over = self.limits.max_total_tokens, {}
+        for k, r in enumerate(requests):
+            n = sum(len(self.model.tokenizer.encode(t).ids) for t in r.texts)
+            if n > limit:
+                over[k] = InvalidRequest("texts", f"tokenise to {n:,} tokens for this model; the limit is "
+                                                  f"{limit:,} per request")
+        return over
 
     def stream(self, request: GenerateRequest) -> Iterator[str]:
         """The generated pieces (their concatenation is the continuation)."""

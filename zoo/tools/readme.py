@@ -73,7 +73,7 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
     stopped by a budget), from the two files each keeps in ``model_cards/runs/``: no number is typed."""
     import json
 
-    from zoo.tools.cards import short_device
+    from zoo.tools.cards import release_metrics, short_device
     from zoo.tools.tiers import read_log, stopped_by_budget
 
     folder = repo / "model_cards" / "runs"
@@ -86,21 +86,24 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
         if ev_path.is_file():
             ev = json.loads(ev_path.read_text())
             ref = ev["recipe"].get("reference") or {}
-            met = ev.get("release") or ev  # the weights as they would ship (float16), as the tier tables report
+            met = release_metrics(ev)  # the weights as they would ship (float16), as the tier tables report
+            bpc = met["metric"] == "bits_per_char"
             device = short_device(ev.get("device", ""))
             rows.append(f"| {name} | {ev['num_parameters'] / 1e6:.2f}M | {ev['epochs_trained']} | "
-                        f"{device} | {met['valid']['ppl']:.2f} | {met['test']['ppl']:.2f} | "
+                        f"{device} | {'bpc' if bpc else 'ppl'} | {met['valid']:.{3 if bpc else 2}f} | "
+                        f"{met['test']:.{3 if bpc else 2}f} | "
                         + (f"{ref['valid']} / {ref['test']}" if "valid" in ref else "") + " |")
         else:
             last = f"({epochs[-1]['valid_ppl']:.2f} at epoch {epochs[-1]['epoch']})" if epochs else ""
             stop = " (stopped by its time budget, not evaluated)" if stopped_by_budget(recs) else ""
-            rows.append(f"| {name}{stop} |  | {len(epochs)} |  | {last} |  |  |")
+            rows.append(f"| {name}{stop} |  | {len(epochs)} |  | ppl | {last} |  |  |")
     if not rows:
         return ""
     return "\n".join(["**Trained here, not bundled** (records in `model_cards/runs/`: each run's own log and "
-                      "eval.json; perplexities of the weights cast to float16 as they would ship, the same numbers "
-                      "the tier tables show)", "", "| run | params | epochs | trained on | valid ppl | test ppl | "
-                      "published valid / test |", "|---|---:|---:|---|---:|---:|---|", *rows])
+                      "eval.json; perplexity, or bits per character for character-level runs, of the weights cast "
+                      "to float16 as they would ship: the same numbers the tier tables show)", "",
+                      "| run | params | epochs | trained on | metric | valid | test | published valid / test |",
+                      "|---|---:|---:|---|---|---:|---:|---|", *rows])
 
 
 def benchmarks_section(repo: Path = REPO) -> str:

@@ -78,13 +78,15 @@ class ArchiveOptions:
     max_texts: int = Limits.max_texts
     max_chars: int = Limits.max_chars
     max_total_chars: int = Limits.max_total_chars
+    max_total_tokens: int = Limits.max_total_tokens
     max_new_tokens: int = Limits.max_new_tokens
 
     def validate(self) -> None:
-        for key in ("workers", "batch_size", "response_timeout", "max_texts", "max_chars", "max_total_chars"):
+        for key in ("workers", "batch_size", "response_timeout", "max_texts", "max_chars", "max_total_chars",
+                    "max_total_tokens", "max_new_tokens"):  # (the worker's Limits refuse a 0 cap at load)
             if getattr(self, key) < 1:
                 raise ServeError(f"--{key.replace('_', '-')} must be >= 1")
-        for key in ("max_batch_delay", "threads", "max_new_tokens", "gen_slice_ms"):
+        for key in ("max_batch_delay", "threads", "gen_slice_ms"):
             if getattr(self, key) < 0:
                 raise ServeError(f"--{key.replace('_', '-')} must be >= 0")
         if self.backend not in SERVE_BACKENDS:
@@ -685,6 +687,9 @@ def _archive_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-texts", type=int, default=d.max_texts, help="texts per score request")
     g.add_argument("--max-chars", type=int, default=d.max_chars, help="characters per text or prompt")
     g.add_argument("--max-total-chars", type=int, default=d.max_total_chars, help="characters per request")
+    g.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens,
+                   help="tokens per score request, counted once tokenised (a character model spells a character "
+                        "outside its alphabet as five symbols)")
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="server cap on max_new_tokens")
     g.add_argument("--gen-slice-ms", type=int, default=d.gen_slice_ms,
                    help="generation time per worker call, shared by the generations in progress; new requests "
