@@ -155,6 +155,21 @@ def test_duplicate_keys_and_untyped_json_are_named():
     assert parse_body(b'{"texts": ["a"]}', "text/plain", LIMITS).texts == ('{"texts": ["a"]}',)
 
 
+def test_null_is_an_optional_fields_default_and_errors_speak_json():
+    req = parse_request({"texts": ["a"], "return_tokens": None, "dynamic": None}, LIMITS)
+    assert req.return_tokens is False and req.dynamic is False
+    gen = parse_request(dict(GEN, prompt=None, stream=None, seed=None, top_k=None), LIMITS)
+    assert gen.prompt == "" and gen.stream is False and gen.sampling.seed is None and gen.sampling.top_k == 0
+    for payload, message in (({"texts": None}, "texts must be a list of strings, got null"),
+                             ({"texts": ["a", {"b": 1}]}, "texts[1] must be a string, got an object"),
+                             ([1], "expected a JSON object, got an array"),
+                             ({"text": None}, "text must be a string, got null"),
+                             (dict(GEN, stream=0), "stream must be true or false, got 0")):
+        with pytest.raises(InvalidRequest) as info:
+            parse_request(payload, LIMITS)
+        assert message in str(info.value), info.value
+
+
 def test_good_requests_and_integral_floats():
     req = parse_request({"texts": ["the cat", "a dog"], "return_tokens": True}, LIMITS)
     assert isinstance(req, ScoreRequest) and req.texts == ("the cat", "a dog") and req.return_tokens

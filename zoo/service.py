@@ -28,7 +28,7 @@ from typing import Any
 from zoo.errors import InvalidRequest, ZooError
 from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
 from zoo.scoring import aggregate
-from zoo.validate import as_bool, as_float, as_int, check_text, surrogate_position
+from zoo.validate import as_bool, as_float, as_int, check_text, json_type, surrogate_position
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +115,17 @@ def _field_name(key: Any) -> str:
     return key if surrogate_position(key) is None and key.isprintable() and len(key) <= 64 else ascii(key)[:66]
 
 
+def _opt(payload: Mapping[str, Any], key: str, default: Any) -> Any:
+    """An optional field: absent or ``null`` is its default (the rule for every optional field, as for the
+    sampling ones, whose documented ``"seed": null`` means unseeded)."""
+    value = payload.get(key)
+    return default if value is None else value
+
+
 def parse_request(payload: Any, limits: Limits = Limits()) -> Request:
     """A decoded JSON object (or the demo's/CLI's keyword dict) -> a validated request."""
     if not isinstance(payload, Mapping):
-        raise InvalidRequest("body", f"expected a JSON object, got {type(payload).__name__}")
+        raise InvalidRequest("body", f"expected a JSON object, got {json_type(payload)}")
     task = payload.get("task", "score")
     if task not in ("score", "generate"):
         raise InvalidRequest("task", f"unknown task {_field_name(task)}; use 'score' or 'generate'")
@@ -141,7 +148,7 @@ def parse_score(payload: Mapping[str, Any], limits: Limits = Limits()) -> ScoreR
             raise InvalidRequest("texts", "is missing: give a list of strings to score")
         raw = payload["texts"]
         if not isinstance(raw, list | tuple):
-            raise InvalidRequest("texts", f"must be a list of strings, got {type(raw).__name__}")
+            raise InvalidRequest("texts", f"must be a list of strings, got {json_type(raw)}")
         if not raw:
             raise InvalidRequest("texts", "is an empty list")
         if len(raw) > limits.max_texts:
@@ -155,15 +162,15 @@ def parse_score(payload: Mapping[str, Any], limits: Limits = Limits()) -> ScoreR
     if total > limits.max_total_chars:
         raise InvalidRequest("texts", f"has {total:,} characters in all; the limit is {limits.max_total_chars:,} "
                                       "per request")
-    dynamic = as_bool(payload.get("dynamic", False), "dynamic")
+    dynamic = as_bool(_opt(payload, "dynamic", False), "dynamic")
     if dynamic and not limits.allow_dynamic:
         raise InvalidRequest("dynamic", "evaluation is not enabled here (it takes gradient steps: ~8x the time)")
-    return ScoreRequest(tuple(texts), as_bool(payload.get("return_tokens", False), "return_tokens"),
+    return ScoreRequest(tuple(texts), as_bool(_opt(payload, "return_tokens", False), "return_tokens"),
                         tuple(warnings), dynamic)
 
 
 def parse_generate(payload: Mapping[str, Any], limits: Limits = Limits()) -> GenerateRequest:
-    prompt, warnings = check_text(payload.get("prompt", ""), "prompt", limits.max_prompt_chars, allow_empty=True,
+    prompt, warnings = check_text(_opt(payload, "prompt", ""), "prompt", limits.max_prompt_chars, allow_empty=True,
                                   truncate=limits.truncate)
     sampling = {k: payload[k] for k in SAMPLING_FIELDS if k in payload and payload[k] is not None}
     if "max_new_tokens" not in sampling:  # the library's default, within this deployment's cap
@@ -178,7 +185,7 @@ def parse_generate(payload: Mapping[str, Any], limits: Limits = Limits()) -> Gen
     if limits.max_top_k is not None and params.top_k > limits.max_top_k:
         raise InvalidRequest("top_k", f"must be an integer between 0 and {limits.max_top_k} here, "
                                       f"got {params.top_k}")
-    return GenerateRequest(prompt, params, as_bool(payload.get("stream", False), "stream"), tuple(warnings))
+    return GenerateRequest(prompt, params, as_bool(_opt(payload, "stream", False), "stream"), tuple(warnings))
 
 
 def _reject_constant(name: str) -> None:

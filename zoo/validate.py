@@ -7,6 +7,7 @@ returns the clean value or raises :class:`zoo.errors.InvalidRequest` naming the 
 
 from __future__ import annotations
 
+import json
 import math
 import unicodedata
 from typing import Any
@@ -57,7 +58,7 @@ def check_text(value: Any, field: str, max_chars: int | None = None, *, allow_em
     ``truncate`` (the demo's choice: a pasted article is still worth scoring).
     """
     if not isinstance(value, str):
-        raise InvalidRequest(field, f"must be a string, got {type(value).__name__}")
+        raise InvalidRequest(field, f"must be a string, got {json_type(value)}")
     if not value.strip():
         if allow_empty:
             return "", []
@@ -95,8 +96,27 @@ def looks_binary(text: str, sample: int = 20_000) -> bool:
     return bad > CONTROL_SHARE_LIMIT * len(head)
 
 
+def json_type(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words (a client sent JSON, not Python: ``null``, not NoneType)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
 def _show(value: Any) -> str:
     """A short, ASCII-safe rendering of a client's value for an error message."""
-    text = ascii(value) if isinstance(value, str) else type(value).__name__ if not isinstance(
-        value, int | float) else repr(value)
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    text = ascii(value) if isinstance(value, str) else repr(value) if isinstance(value, int | float) \
+        else json_type(value)
     return text if len(text) <= 40 else text[:37] + "..."
