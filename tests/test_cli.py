@@ -59,6 +59,8 @@ def test_score_file_per_line_and_stdin(capsys, tiny_checkpoint, tmp_path):
     f.write_text("the cat\n\n\nthe\x00mat\n")  # an error names the file's line, not an index among the texts
     code, _, err = run(capsys, "score", str(tiny_checkpoint), str(f), "--per-line")
     assert code == 2 and "line 4 looks like binary data" in err and err.count("\n") == 1, err
+    code, _, err = run(capsys, "score", str(tiny_checkpoint), "/dev/zero")  # endless: refused at its first MiB
+    assert code == 2 and "/dev/zero looks like binary data" in err and err.count("\n") == 1, err
     proc = subprocess.run([sys.executable, "-m", "zoo.cli", "score", str(tiny_checkpoint), "-"], input=b"the mat",
                           capture_output=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0 and b"ppl" in proc.stdout

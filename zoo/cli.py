@@ -86,6 +86,21 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_bytes(src: str) -> bytes:
+    """A file's (``-``: standard input's) bytes. A source whose first MiB is mostly NUL bytes (binary data, or an
+    endless one such as /dev/zero) is refused there, not read to the end first; a shorter input, or a stray NUL
+    in text, is left to the text check, which names its line."""
+    f = sys.stdin.buffer if src == "-" else open(src, "rb")  # noqa: SIM115 (closed below unless stdin)
+    try:
+        head = f.read(1 << 20)
+        if len(head) == 1 << 20 and head.count(b"\x00") * 20 > len(head):
+            raise UsageError(f"{src} looks like binary data (NUL bytes): give a text file")
+        return head + f.read()
+    finally:
+        if f is not sys.stdin.buffer:
+            f.close()
+
+
 def _read_texts(args: argparse.Namespace) -> list[str]:
     if args.text is not None and args.input is not None:
         raise UsageError("give either --text or an input file, not both")
@@ -94,7 +109,7 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
     else:
         src = args.input or "-"
         try:
-            raw = sys.stdin.buffer.read() if src == "-" else Path(src).read_bytes()
+            raw = _read_bytes(src)
         except OSError as e:
             raise UsageError(f"cannot read {src}: {e.strerror}") from None
         try:
