@@ -56,6 +56,9 @@ REPO = Path(__file__).resolve().parent
 
 #: Input caps for a small shared CPU machine.
 MAX_CHARS = 20_000
+#: tokens per scored text once tokenised: a character model spells a character outside its alphabet as five
+#: symbols, and every token is a span of the heatmap
+MAX_TOKENS = 25_000
 MAX_PROMPT_CHARS = 2_000
 MAX_NEW_TOKENS = 500
 MAX_TRACE_TOKENS = 500
@@ -92,7 +95,8 @@ CSS = """
 # -- input validation: the service core's schema (zoo.service), with the demo's limits ------------------------
 #: What the demo accepts: the same schema and messages as the HTTP server and the CLI, narrowed to the sliders'
 #: ranges; an over-long text is cut with a warning rather than refused (a pasted article is still worth scoring).
-LIMITS = Limits(max_texts=1, max_chars=MAX_CHARS, max_total_chars=MAX_CHARS, max_prompt_chars=MAX_PROMPT_CHARS,
+LIMITS = Limits(max_texts=1, max_chars=MAX_CHARS, max_total_chars=MAX_CHARS, max_total_tokens=MAX_TOKENS,
+                max_prompt_chars=MAX_PROMPT_CHARS,
                 max_new_tokens=MAX_NEW_TOKENS, max_temperature=MAX_TEMPERATURE, max_top_k=MAX_TOP_K, truncate=True,
                 allow_dynamic=True)
 

@@ -308,6 +308,19 @@ def test_validators_directly(model_root):
     assert app.clean_text("x" * (app.MAX_CHARS + 30)) == (
         "x" * app.MAX_CHARS, f"text has {app.MAX_CHARS + 30:,} characters; only the first {app.MAX_CHARS:,} were used.")
     assert app.LIMITS.max_new_tokens == app.MAX_NEW_TOKENS and app.LIMITS.truncate
+    assert app.LIMITS.max_total_tokens == app.MAX_TOKENS
+
+
+def test_token_cap_reaches_the_demo_as_a_readable_error(model_root, monkeypatch):
+    """Over the token cap once tokenised (a character model's unknown characters are five symbols each; the
+    tiny word model gets a small cap to show the path): a one-line gr.Error, not a heatmap of that size."""
+    import dataclasses
+
+    monkeypatch.setattr(app, "LIMITS", dataclasses.replace(app.LIMITS, max_total_tokens=50))
+    score = app.make_handlers(app.ModelRegistry([model_root]))["score"]
+    with pytest.raises(app.gr.Error, match="tiny-lstm: texts tokenise to 81 tokens for this model; the limit is 50"):
+        score("the cat " * 40, "tiny-lstm")
+    assert score("the cat " * 10, "tiny-lstm")[0]["models"][0]["num_tokens"] == 21
 
 
 def test_cli_port_env_and_model_dirs(monkeypatch, model_root, capsys):
