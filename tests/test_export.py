@@ -187,6 +187,49 @@ def test_backend_switch_gives_same_scores_and_generations(checkpoint, cli_export
     assert abs(q - ref.corpus["ppl"]) / ref.corpus["ppl"] <= 0.01
 
 
+def test_exports_shipped_in_a_checkpoint_folder_are_trusted_only_as_verified_onnx(checkpoint, cli_export,
+                                                                                 monkeypatch, tmp_path):
+    """A checkpoint folder (or Hub snapshot) may carry exports. A TorchScript file is a pickle, so one that came
+    with the checkpoint is never loaded (the model is exported into the cache instead); ONNX graphs are data and
+    are used when every file matches its manifest's sha256, and a tampered one is passed over."""
+    import shutil
+
+    from zoo.backends import candidate_dirs, ensure_export
+    from zoo.export.common import weights_sha256
+
+    shipped = tmp_path / "shipped" / "tiny-alstm"
+    shutil.copytree(checkpoint, shipped)
+    for fmt in ("onnx", "torchscript"):
+        shutil.copytree(cli_export / "tiny-alstm" / fmt, shipped / fmt)
+    monkeypatch.setenv("ZOO_EXPORTS_DIR", str(tmp_path / "no-exports"))
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    model = zoo.load(shipped)
+    sha = weights_sha256(model)
+    assert all(d != shipped / "torchscript" for d, _ in candidate_dirs(model, "torchscript", sha))
+    assert ensure_export(model, "torchscript").is_relative_to(tmp_path / "cache")  # made here, not the shipped one
+    assert ensure_export(model, "onnx") == shipped / "onnx"                        # verified: used as it is
+    step = shipped / "onnx" / STEP_FILE
+    step.write_bytes(step.read_bytes() + b"\0")                                    # tampered after its manifest
+    assert ensure_export(model, "onnx").is_relative_to(tmp_path / "cache")
+    assert zoo.load(shipped, backend="onnx").score(TEXTS[0]).corpus["num_tokens"] > 0
+
+
+@pytest.mark.parametrize("name", ["../../escape", "/abs/path", "a/b", ".hidden", 5])
+def test_a_config_name_that_is_not_a_plain_name_is_refused(checkpoint, tmp_path, name):
+    """The name names a folder (the exports): config.json cannot point it outside."""
+    import json
+    import shutil
+
+    from zoo.errors import CheckpointError
+
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint, bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "name": name}))
+    with pytest.raises(CheckpointError, match="must be a plain name"):
+        zoo.load(bad)
+
+
 def test_int8_graphs_are_quantised_and_keep_tied_weights_right(cli_export):
     directory = cli_export / "tiny-alstm" / "onnx"
     step_q = onnx.load(str(directory / STEP_INT8_FILE))

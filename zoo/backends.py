@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from zoo.errors import BackendError, MissingFileError
-from zoo.export.common import cache_root, exports_root, read_manifest, weights_sha256
+from zoo.export.common import cache_root, exports_root, file_sha256, read_manifest, weights_sha256
 
 State = tuple[Tensor, ...]
 
@@ -195,6 +195,10 @@ class BackendSpec:
     requires: str | None = None
     #: TorchServe's handler can run it (the worker loads it from a model archive).
     servable: bool = True
+    #: Loading its files can run code (a TorchScript ``.pt`` is a pickle): then only an export made on this
+    #: machine (the exports folder, the export cache) is used, never one that came with a checkpoint or a Hub
+    #: snapshot. ONNX graphs are data: a shipped one is used when every file matches its manifest's sha256.
+    loads_code: bool = False
 
 
 BACKENDS: dict[str, BackendSpec] = {}
@@ -218,7 +222,7 @@ def get_backend(name: str) -> BackendSpec:
 
 register_backend(BackendSpec("eager", None, "PyTorch, the model itself (fp32, or bf16 autocast)"))
 register_backend(BackendSpec("torchscript", "torchscript", "the traced TorchScript module", TorchScriptRunner,
-                             _export_torchscript, ("module",), servable=False))
+                             _export_torchscript, ("module",), servable=False, loads_code=True))
 register_backend(BackendSpec("onnx", "onnx", "ONNX Runtime: a Scan graph for sequences, a step graph",
                              lambda d: OnnxRunner(d), _export_onnx, ("sequence", "step"), "onnxruntime"))
 register_backend(BackendSpec("onnx-int8", "onnx", "ONNX Runtime with dynamically quantised int8 weights",
@@ -234,26 +238,42 @@ def _format_of(backend: str) -> str:
     return fmt
 
 
-def _usable(directory: Path, backend: str, sha256: str, model_args: dict[str, Any]) -> bool:
+def _usable(directory: Path, backend: str, sha256: str, model_args: dict[str, Any],
+            verify_files: bool = False) -> bool:
+    """Whether ``directory`` holds an export of these weights for ``backend``: its manifest names the format, the
+    checkpoint's sha256 and model arguments and every file the backend needs, each a plain file inside the folder;
+    ``verify_files``: each file's sha256 is the manifest's too (an export that came from elsewhere)."""
     manifest = read_manifest(directory)
-    if manifest is None or manifest.get("format") != _format_of(backend):
+    if not isinstance(manifest, dict) or manifest.get("format") != _format_of(backend):
         return False
     if manifest.get("checkpoint_sha256") != sha256 or manifest.get("model_args") != model_args:
         return False
-    files = manifest.get("files", {})
-    return all(k in files for k in get_backend(backend).files) and all(
-        (directory / f).is_file() for f in files.values())
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(k in files for k in get_backend(backend).files):
+        return False
+    root = directory.resolve()
+    for f in files.values():
+        path = directory / f if isinstance(f, str) else None
+        if path is None or not path.is_file() or not path.resolve().is_relative_to(root):
+            return False
+    if verify_files:
+        sums = manifest.get("file_sha256")
+        return isinstance(sums, dict) and all(
+            f in sums and file_sha256(directory / f) == sums[f] for f in files.values())
+    return True
 
 
-def candidate_dirs(model: Any, backend: str, sha256: str) -> list[Path]:
-    """Where an export of this checkpoint may already be, in the order they are tried."""
+def candidate_dirs(model: Any, backend: str, sha256: str) -> list[tuple[Path, bool]]:
+    """Where an export of this checkpoint may already be, in the order they are tried, each with whether its
+    files must match their manifest's sha256 (an export that came with the checkpoint, e.g. in a Hub snapshot;
+    never for a backend whose files can run code: see :attr:`BackendSpec.loads_code`)."""
     fmt = _format_of(backend)
     dirs = []
     if getattr(model, "name", None):
-        dirs.append(exports_root() / model.name / fmt)
-    if getattr(model, "directory", None) is not None:
-        dirs.append(Path(model.directory) / fmt)
-    dirs.append(cache_root() / sha256 / fmt)
+        dirs.append((exports_root() / model.name / fmt, False))
+    if getattr(model, "directory", None) is not None and not get_backend(backend).loads_code:
+        dirs.append((Path(model.directory) / fmt, True))
+    dirs.append((cache_root() / sha256 / fmt, False))
     return dirs
 
 
@@ -265,8 +285,8 @@ def ensure_export(model: Any, backend: str) -> Path:
     if spec.requires == "onnxruntime":
         _onnxruntime()
     sha256 = weights_sha256(model)
-    for directory in candidate_dirs(model, backend, sha256):
-        if _usable(directory, backend, sha256, model.lm.config):
+    for directory, verify in candidate_dirs(model, backend, sha256):
+        if _usable(directory, backend, sha256, model.lm.config, verify_files=verify):
             return directory
     target = cache_root() / sha256 / _format_of(backend)
     target.parent.mkdir(parents=True, exist_ok=True)

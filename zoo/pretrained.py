@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,16 @@ from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import load_corpus, resolve_data_dir, sentences
 from zoo.dynamic import DEFAULTS as DYNAMIC_DEFAULTS
 from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs, gradient_stats
-from zoo.errors import ConfigError, ModelNotFoundError, WrongType  # noqa: F401 (re-exported)
+from zoo.errors import CheckpointError, ConfigError, ModelNotFoundError, WrongType  # noqa: F401 (re-exported)
 from zoo.generation import SamplingParams, sample_ids, stream_text
 from zoo.lm import LanguageModel
 from zoo.precision import AutocastRunner
 from zoo.precision import check as check_precision
 from zoo.scoring import ScoreReport, evaluate_sentences, evaluate_stream, score_texts, summarize
 from zoo.tokenizer import Tokenizer
+
+#: What a model's name may be (it names folders): no path separators, no '..'.
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 def _check_positive(name: str, value: object) -> None:
@@ -59,6 +63,10 @@ class ZooModel:
         self.config = config
         self.source = source
         self.name = name or config.get("name", "model")
+        # a name becomes a folder (the exports of `zoo export`): a config's name must not climb out of it
+        if not isinstance(self.name, str) or not PLAIN_NAME.fullmatch(self.name) or ".." in self.name:
+            raise CheckpointError(f"model name {self.name!r} (config.json 'name') must be a plain name: letters, "
+                                  "digits, '.', '_' and '-', not starting with '.' or '-'")
         self.runner = runner if runner is not None else self.lm
         self.backend = backend
         self.precision = "fp32"

@@ -115,7 +115,7 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     """The manifest of an export folder, or ``None`` when there is none or it is unreadable."""
     try:
         return json.loads((Path(directory) / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
         return None
 
 
