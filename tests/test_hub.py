@@ -204,6 +204,23 @@ def test_unknown_repository_is_a_clear_error(olah, env, capsys, monkeypatch):
     assert "repository alstm-zoo/tiny-nowhere (revision v1.0) not found" in err
 
 
+def test_discarding_a_snapshot_deletes_only_its_own_blobs(tmp_path):
+    """A snapshot entry that links outside the repo's blobs (a shared or tampered cache) is unlinked, never
+    followed: discarding a bad revision must not delete a file elsewhere."""
+    repo = tmp_path / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (repo / "blobs" / "b1").write_text("blob")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the cache's")
+    (snap / "model.safetensors").symlink_to(repo / "blobs" / "b1")
+    (snap / "config.json").symlink_to(victim)
+    hub.discard_snapshot(tmp_path, "org/m", "a" * 40)
+    assert victim.read_text() == "not the cache's" and not snap.exists()
+    assert not (repo / "blobs" / "b1").exists()
+
+
 def test_corrupted_cache_is_detected_and_fetched_again(olah, env):
     folder, source = hub.download("tiny-zoo", endpoint=olah["endpoint"])
     assert source == "hub download"

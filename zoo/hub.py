@@ -111,10 +111,11 @@ def discard_snapshot(cache: Path, repo_id: str, commit: str) -> None:
         return
     others = [s for s in (repo_dir / "snapshots").iterdir() if s.name != commit]
     keep = {p.resolve() for s in others for p in s.rglob("*") if p.is_symlink()}
+    blobs = (repo_dir / "blobs").resolve()
     for p in snap.rglob("*"):
         if p.is_symlink():
-            blob = p.resolve()
-            if blob not in keep and blob.is_file():
+            blob = p.resolve()  # only this repo's own blobs: a link that points elsewhere is not ours to delete
+            if blob not in keep and blob.is_file() and blob.is_relative_to(blobs):
                 blob.unlink()
     shutil.rmtree(snap)
     for ref in (repo_dir / "refs").rglob("*") if (repo_dir / "refs").is_dir() else []:
