@@ -93,6 +93,44 @@ def test_missing_files_and_bad_vocab(ckpt):
         load_checkpoint(ckpt)
 
 
+def _config_edit(edit):
+    def apply(cfg):
+        edit(cfg)
+        return cfg
+    return apply
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda c: "a string", "expected a JSON object"),
+    (_config_edit(lambda c: c.update(architecture=["alstm"])), "'architecture' must be a JSON string"),
+    (_config_edit(lambda c: c.update(model_args=[1, 2])), "'model_args' must be a JSON object"),
+    (_config_edit(lambda c: c.update(tokenizer="ptb")), "'tokenizer' must be a JSON object"),
+    (_config_edit(lambda c: c["tokenizer"].pop("normalization")), "tokenizer.normalization must be a string"),
+    (_config_edit(lambda c: c["tokenizer"].update(vocab_file="../../etc/passwd")), "must be a file name in the"),
+    (_config_edit(lambda c: c["tokenizer"].update(vocab_file="/dev/zero")), "must be a file name in the"),
+    (_config_edit(lambda c: c["tokenizer"].update(vocab_file=5)), "must be a file name in the"),
+    (_config_edit(lambda c: c["model_args"].pop("vocab_size")), "config says vocab_size None"),
+    (_config_edit(lambda c: c["model_args"].update(emb_size=-4)), "model_args do not fit the architecture"),
+    (_config_edit(lambda c: c["model_args"].update(emb_size=3)), "the config implies"),  # builds: shapes differ
+])
+def test_a_malformed_config_is_a_checkpoint_error(ckpt, change, message):
+    """Whatever a config.json holds, loading it is a CheckpointError (the CLI's exit 2), never a traceback, and
+    never a read outside the checkpoint folder."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(change(cfg)))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(ckpt)
+
+
+def test_config_and_vocab_json_that_cannot_be_parsed_are_checkpoint_errors(ckpt):
+    (ckpt / "vocab.json").write_text("[" * 100_000)
+    with pytest.raises(CheckpointError, match="vocab.json: not valid JSON"):
+        load_checkpoint(ckpt)
+    (ckpt / "config.json").write_text('{"architecture": 1' + "0" * 5000 + "}")
+    with pytest.raises(CheckpointError, match="config.json: not valid JSON"):
+        load_checkpoint(ckpt)
+
+
 def test_no_unpickling_anywhere_in_the_library():
     """House rule: nothing is ever unpickled (no torch.load without weights_only=True, no pickle)."""
     import pathlib

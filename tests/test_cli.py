@@ -118,7 +118,7 @@ def test_info(capsys, tiny_checkpoint):
     (["train", "{no_model}", "--run-dir", "{missing}"], "invalid recipe (KeyError: 'model')"),
     (["train", "{bad_field}", "--run-dir", "{missing}"], "invalid recipe (TypeError"),
     (["train", "{bad_field}", "{no_model}", "--run-dir", "{missing}"], "invalid recipe"),
-    (["train", "{bad_seed}", "--run-dir", "{missing}"], "invalid recipe (ValueError"),
+    (["train", "{bad_seed}", "--run-dir", "{missing}"], "seed must be an integer, got 'abc'"),
     (["train", "{no_arch}", "--run-dir", "{missing}"], "[model] must be a table with an `architecture`"),
 ])
 def test_bad_input_exits_2_with_one_line(tiny_checkpoint, tmp_path, args, message):

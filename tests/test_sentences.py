@@ -84,5 +84,5 @@ def test_sentence_run_end_to_end_and_resume(tmp_path, tiny_data):  # noqa: F811
 
 
 def test_unknown_mode_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="unknown mode 'lines'"):
+    with pytest.raises(ValueError, match="mode must be one of stream, sentences, got 'lines'"):
         Recipe.load(write_recipe(tmp_path / "r.toml", extra_train='mode = "lines"'))

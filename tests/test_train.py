@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -452,3 +453,126 @@ def test_a_sweep_prefix_continued_to_the_full_budget_equals_the_full_run(tmp_pat
     assert epochs("prefix") == epochs("full") and len(epochs("full")) == 2
     evs = [json.loads((tmp_path / run / "eval.json").read_text()) for run in ("full", "prefix")]
     assert evs[1]["epochs_trained"] == 2 and evs[1]["test"]["ppl"] == evs[0]["test"]["ppl"]
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('save_dtype = "bogus"', "save_dtype must be one of float32, float16, bfloat16"),
+    ("clip = -0.25", "clip must be a number >= 0"),
+    ("bptt = 0", "bptt must be an integer >= 1"),
+    ('epochs = "10"', "epochs must be an integer >= 1"),
+    ("cut_steps = 3", "cut_steps must be a list"),
+    ("batch_size = 20.5", "batch_size must be an integer >= 1"),
+    ("lr = -1.0", "lr must be a number > 0"),
+    ("test_batch_size = 0", "test_batch_size must be an integer >= 1"),
+    ("adam_betas = [0.9, 1.0]", "adam_betas[] must be below 1"),
+    ("variable_bptt = 1", "variable_bptt must be true or false"),
+])
+def test_recipe_values_are_checked_before_anything_trains(tmp_path, line, message):
+    """A value out of its type or range is a one-line ConfigError at load: some used to fail only after the
+    whole run (save_dtype, test_batch_size), others to train silently wrong (a negative clip reverses the
+    gradient)."""
+    from zoo.errors import ConfigError
+
+    text = write_recipe(tmp_path / "r.toml").read_text()
+    key = line.split(" =")[0]
+    text = "\n".join(x for x in text.splitlines() if not x.startswith(f"{key} ="))
+    text = text.replace("[train]", f"[train]\n{line}")
+    (tmp_path / "r.toml").write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Recipe.load(tmp_path / "r.toml")
+
+
+def test_a_recipe_name_is_a_plain_name_and_unknown_model_keys_are_config_errors(tmp_path, tiny_data):
+    from zoo.errors import ConfigError
+
+    path = write_recipe(tmp_path / "r.toml")
+    path.write_text(path.read_text().replace('name = "tiny-alstm"', 'name = "../../escape"'))
+    with pytest.raises(ConfigError, match="name must be a plain name"):
+        Recipe.load(path)
+    path = write_recipe(tmp_path / "r.toml")
+    path.write_text(path.read_text().replace("emb_size = 8", "emb_size = 8\nembedding_size = 8"))
+    with pytest.raises(ConfigError, match=r"\[model\]: .*embedding_size"):
+        Trainer(Recipe.load(path), tmp_path / "run", data_dir=str(tiny_data), progress=False)
+
+
+def test_resume_refuses_a_changed_recipe_but_takes_a_new_budget(tmp_path, kill_data):
+    recipe = write_recipe(tmp_path / "r.toml", epochs=1)
+    run = tmp_path / "run"
+    base = ["train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--run-dir", str(run)]
+    assert zoo(*base).returncode == 0
+    recipe.write_text(recipe.read_text().replace("lr = 0.003", "lr = 0.01").replace("clip = 5.0", "clip = 1.0"))
+    changed = zoo(*base, "--resume", "--epochs", "2")
+    assert changed.returncode == 2 and len(changed.stderr.strip().splitlines()) == 1, changed.stderr
+    assert "the recipe changed since" in changed.stderr and "train.clip, train.lr" in changed.stderr
+    recipe.write_text(recipe.read_text().replace("lr = 0.01", "lr = 0.003").replace("clip = 1.0", "clip = 5.0"))
+    more = zoo(*base, "--resume", "--epochs", "2")   # the budget may change: a sweep prefix continued
+    assert more.returncode == 0, more.stderr[-2000:]
+    again = zoo(*base, "--resume", "--epochs", "2")  # finished: its results stand, test is not scored again
+    assert again.returncode == 0 and json.loads(again.stdout)["epochs"] == 2
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log if "valid_ppl" in r] == [1, 2]
+    assert sum(r.get("event") == "finished" for r in log) == 2  # the prefix's and the full run's, not a third
+
+
+def test_resume_drops_epoch_lines_logged_after_its_checkpoint(tmp_path, kill_data):
+    """A crash between an epoch's log line and its checkpoint (or a line cut short by a full disk): the resumed
+    run logs that epoch once, from its own replay, and the log stays valid JSON lines."""
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", epochs=1))
+    run = tmp_path / "run"
+    Trainer(recipe, run, data_dir=str(kill_data), progress=False).run()
+    with open(run / "log.jsonl", "a") as f:   # as if epoch 2 had been logged, then the process died
+        f.write(json.dumps({"epoch": 2, "train_loss": 9.0, "valid_loss": 9.0, "valid_ppl": 8103.1}) + "\n")
+        f.write('{"epoch": 3, "train_lo')
+    recipe.train.epochs = 2
+    Trainer(recipe, run, data_dir=str(kill_data), progress=False).run(resume=True)
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    epochs = [r for r in log if "valid_ppl" in r]
+    assert [r["epoch"] for r in epochs] == [1, 2] and epochs[1]["valid_ppl"] != 8103.1
+
+
+def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, kill_data):
+    recipe = write_recipe(tmp_path / "r.toml", optimizer="sgd", epochs=3, extra_train="")
+    recipe.write_text(recipe.read_text().replace("lr = 0.003", "lr = 1e30").replace("clip = 5.0", "clip = 0.0"))
+    run = tmp_path / "run"
+    proc = zoo("train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--run-dir", str(run))
+    last = proc.stderr.strip().splitlines()[-1]   # (above it: the progress bar)
+    assert proc.returncode == 2 and last.startswith("zoo: error: training diverged at epoch 1"), proc.stderr[-2000:]
+    assert "--restart" in last and "Traceback" not in proc.stderr
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["event"] == "diverged" and not any("valid_ppl" in r for r in log)
+    if (run / "checkpoint").exists():   # any checkpoint kept is a finite one
+        assert all(torch.isfinite(t).all() for k, t in load_file(str(run / "checkpoint" / "state.safetensors"))
+                   .items() if k.startswith("model."))
+
+
+def test_one_process_per_run_dir_and_no_silent_restart_over_results(tmp_path, kill_data):
+    import fcntl
+
+    from zoo.errors import UsageError
+
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", epochs=1))
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / ".lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(UsageError, match="is being trained by another process"):
+            Trainer(recipe, run, data_dir=str(kill_data), progress=False).run()
+    Trainer(recipe, run, data_dir=str(kill_data), progress=False).run()
+    import shutil
+
+    shutil.rmtree(run / "checkpoint")   # results without a checkpoint: --resume would have started over
+    with pytest.raises(UsageError, match="holds an earlier run's results: start over with --restart"):
+        Trainer(recipe, run, data_dir=str(kill_data), progress=False).run(resume=True)
+    assert (run / "eval.json").is_file()
+
+
+def test_a_checkpoint_old_left_by_a_crash_does_not_block_the_next_save(tmp_path, kill_data):
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", epochs=1))
+    run = tmp_path / "run"
+    trainer = Trainer(recipe, run, data_dir=str(kill_data), progress=False)
+    run.mkdir()
+    trainer.save_training_checkpoint()
+    (run / "checkpoint.old").mkdir()
+    (run / "checkpoint.old" / "state.safetensors").write_bytes(b"half-removed")
+    trainer.save_training_checkpoint()
+    assert (run / "checkpoint" / "meta.json").is_file() and not (run / "checkpoint.old").exists()

@@ -73,30 +73,48 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
                               f"{VOCAB_FILE})")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    for key in ("architecture", "model_args", "tokenizer"):
+    except (ValueError, RecursionError) as e:  # (invalid JSON or UTF-8, a 5000-digit number, nesting too deep)
+        raise CheckpointError(f"{path}: not valid JSON ({str(e)[:120]})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    for key, kind in (("architecture", str), ("model_args", dict), ("tokenizer", dict)):
         if key not in config:
             raise CheckpointError(f"{path}: no {key!r} entry")
+        if not isinstance(config[key], kind):
+            raise CheckpointError(f"{path}: {key!r} must be a JSON {'string' if kind is str else 'object'}")
+    if not isinstance(config["tokenizer"].get("normalization"), str):
+        raise CheckpointError(f"{path}: tokenizer.normalization must be a string")
     if config["architecture"] not in ARCHITECTURES:
         raise CheckpointError(f"{path}: unknown architecture {config['architecture']!r} "
                               f"(registered: {', '.join(sorted(ARCHITECTURES))})")
     return config
 
 
+#: The largest vocabulary file read (the zoo's largest, WikiText-2's, is under 1 MB).
+MAX_VOCAB_BYTES = 64 << 20
+
+
 def load_tokenizer(directory: str | os.PathLike, config: dict[str, Any]) -> Tokenizer:
-    path = Path(directory) / config["tokenizer"].get("vocab_file", VOCAB_FILE)
+    name = config["tokenizer"].get("vocab_file", VOCAB_FILE)
+    # a file of the checkpoint folder itself: not a path a config could point elsewhere (../, /dev/zero)
+    if not isinstance(name, str) or not name or name != Path(name).name or name.startswith("."):
+        raise CheckpointError(f"{Path(directory) / CONFIG_FILE}: tokenizer.vocab_file must be a file name in the "
+                              f"checkpoint folder, got {name!r}")
+    path = Path(directory) / name
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing vocabulary file")
+    if path.stat().st_size > MAX_VOCAB_BYTES:
+        raise CheckpointError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_VOCAB_BYTES:,} a vocabulary "
+                              "may have")
     try:
         vocab = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing vocabulary file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({str(e)[:120]})") from None
     if not isinstance(vocab, list) or not all(isinstance(t, str) for t in vocab):
         raise CheckpointError(f"{path}: expected a JSON list of strings")
-    if len(vocab) != config["model_args"]["vocab_size"]:
+    if len(vocab) != config["model_args"].get("vocab_size"):
         raise CheckpointError(f"{path}: {len(vocab)} entries but config says vocab_size "
-                              f"{config['model_args']['vocab_size']}")
+                              f"{config['model_args'].get('vocab_size')!r}")
     return Tokenizer(vocab, config["tokenizer"]["normalization"])
 
 
@@ -107,7 +125,7 @@ def load_checkpoint(directory: str | os.PathLike) -> tuple[LanguageModel, Tokeni
     tokenizer = load_tokenizer(directory, config)
     try:
         model = LanguageModel.from_config(config["model_args"])
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RuntimeError, ArithmeticError) as e:  # (negative or zero sizes: torch's own)
         raise CheckpointError(f"{directory / CONFIG_FILE}: model_args do not fit the architecture ({e})") from None
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():

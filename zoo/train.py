@@ -23,6 +23,8 @@ import json
 import math
 import os
 import random
+import re
+import shutil
 import signal
 import sys
 import time
@@ -40,7 +42,7 @@ from tqdm.auto import tqdm
 from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import PAD_TARGET, Corpus, batchify, load_corpus, pad_batch, sentences
 from zoo.datasets import get_dataset
-from zoo.errors import ConfigError, MissingFileError
+from zoo.errors import ConfigError, MissingFileError, UsageError, ZooError
 from zoo.lm import LanguageModel
 from zoo.precision import autocast
 from zoo.precision import check as check_precision
@@ -88,6 +90,49 @@ class TrainConfig:
     max_len: int = 100            # sentences: tokens kept per line
     train_sentences: int = 0      # sentences: a fixed random sample of this many training lines (0: all)
 
+    def __post_init__(self) -> None:
+        """Every value's type and range, here, before anything trains: a bad one otherwise fails at the end of a
+        run (a ``save_dtype`` typo after the last epoch) or trains silently wrong (a negative clip turns the
+        gradient around)."""
+        for name, low in (("epochs", 1), ("batch_size", 1), ("bptt", 1), ("eval_batch_size", 1),
+                          ("test_batch_size", 1), ("eval_bptt", 1), ("max_len", 1), ("nonmono", 0),
+                          ("lr_decay_start", 0), ("train_sentences", 0)):
+            _check_number(name, getattr(self, name), low, integer=True)
+        for name, low, open_low in (("lr", 0.0, True), ("lr_decay", 0.0, True), ("cut_rate", 0.0, True),
+                                    ("clip", 0.0, False), ("weight_decay", 0.0, False), ("adam_eps", 0.0, False),
+                                    ("alpha", 0.0, False), ("beta", 0.0, False), ("checkpoint_minutes", 0.0, True),
+                                    ("max_minutes", 0.0, False)):
+            _check_number(name, getattr(self, name), low, open_low=open_low)
+        for name in ("variable_bptt", "time_summed_loss"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.cut_steps, list):
+            raise ConfigError(f"cut_steps must be a list of epochs, got {self.cut_steps!r}")
+        for e in self.cut_steps:
+            _check_number("cut_steps[]", e, 1, integer=True)
+        if not (isinstance(self.adam_betas, list) and len(self.adam_betas) == 2):
+            raise ConfigError(f"adam_betas must be a list of two numbers in [0, 1), got {self.adam_betas!r}")
+        for b in self.adam_betas:
+            _check_number("adam_betas[]", b, 0.0)
+            if b >= 1:
+                raise ConfigError(f"adam_betas[] must be below 1, got {b!r}")
+        for name, allowed in (("optimizer", ("sgd", "adam", "ntasgd")), ("save_dtype", SAVE_DTYPES),
+                              ("mode", ("stream", "sentences"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+
+
+#: The dtypes a release may be written in (``save_dtype``).
+SAVE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _check_number(name: str, value: Any, low: float, integer: bool = False, open_low: bool = False) -> None:
+    kind = "an integer" if integer else "a number"
+    ok = isinstance(value, int) if integer else isinstance(value, int | float) and math.isfinite(value)
+    if isinstance(value, bool) or not ok or value < low or (open_low and value == low):
+        bound = f"> {low:g}" if open_low else f">= {low:g}"
+        raise ConfigError(f"{name} must be {kind} {bound}, got {value!r}")
+
 
 @dataclass
 class Recipe:
@@ -112,10 +157,14 @@ class Recipe:
         try:
             train = TrainConfig(**raw.get("train", {}))
             check_precision(train.precision)
-            if train.mode not in ("stream", "sentences"):
-                raise ConfigError(f"unknown mode {train.mode!r} (stream, sentences)")
             if not isinstance(raw["model"], dict) or "architecture" not in raw["model"]:
                 raise ConfigError("[model] must be a table with an `architecture`")
+            # the name is the run dir's (runs/NAME), which --restart clears: a plain name, never a path
+            if not isinstance(raw["name"], str) or not RUN_NAME.fullmatch(raw["name"]) or ".." in raw["name"]:
+                raise ConfigError(f"name must be a plain name (letters, digits, '.', '_', '-'), got "
+                                  f"{raw['name']!r}")
+            if not isinstance(raw.get("seed", 1), int) or isinstance(raw.get("seed", 1), bool):
+                raise ConfigError(f"seed must be an integer, got {raw.get('seed')!r}")
             return cls(name=raw["name"], dataset=raw["dataset"], seed=int(raw.get("seed", 1)),
                        model=dict(raw["model"]), train=train, description=raw.get("description", ""),
                        source=str(path), reference=raw.get("reference"))
@@ -131,6 +180,10 @@ class Recipe:
                 **({"reference": self.reference} if self.reference else {})}
 
 
+#: A recipe's name: it names its run dir.
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+
 def recipe_path(name_or_path: str) -> Path:
     """A recipe file path, or the bundled recipe ``zoo/recipes/<name>.toml``."""
     p = Path(name_or_path)
@@ -144,7 +197,11 @@ def recipe_path(name_or_path: str) -> Path:
 
 #: What a run writes into its run dir: ``zoo train --restart`` removes exactly these, and their presence makes a
 #: plain ``zoo train`` refuse (it would have replaced a finished or resumable run's log and checkpoints).
-RUN_PRODUCTS = ("checkpoint", "best", "release", "eval.json", "log.jsonl", "tensorboard")
+RUN_PRODUCTS = ("checkpoint", "checkpoint.old", "checkpoint.tmp", "best", "release", "eval.json", "log.jsonl",
+                "tensorboard")
+#: What may change between a run and its ``--resume``: the budget (``--epochs`` extends a sweep prefix,
+#: ``--max-minutes``) and how often it checkpoints; anything else would mix two recipes in one run.
+RESUMABLE_CHANGES = ("epochs", "max_minutes", "checkpoint_minutes")
 
 
 def run_products(run_dir: str | os.PathLike) -> list[str]:
@@ -281,7 +338,10 @@ class Trainer:
         torch.manual_seed(recipe.seed)
         model_args = dict(recipe.model)
         model_args["vocab_size"] = len(self.corpus.vocab)
-        self.model = LanguageModel(**model_args).to(self.device)
+        try:
+            self.model = LanguageModel(**model_args).to(self.device)
+        except TypeError as e:  # an unknown or missing [model] key
+            raise ConfigError(f"{recipe.source or recipe.name}: [model]: {e}") from None
         self.train_module: torch.nn.Module = _TrainForward(self.model)
         if self.world > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -337,6 +397,7 @@ class Trainer:
         return self.run_dir / "checkpoint"
 
     def save_training_checkpoint(self) -> None:
+        self._check_finite()  # a diverged run keeps its last good checkpoint
         if self.rank != 0:
             return
         tmp = self.run_dir / "checkpoint.tmp"
@@ -359,19 +420,37 @@ class Trainer:
             "python_rng": list(random.getstate()[1]), "epoch_loss": self.epoch_loss,
             "epoch_tokens": self.epoch_tokens, "epoch_seconds": self.epoch_seconds,
             "has_carry": self.state is not None, "recipe": self.recipe.to_dict(),
+            # the log as far as this checkpoint: a resume drops the epoch lines written after it (a crash between
+            # an epoch's log line and its checkpoint would otherwise log that epoch twice)
+            "log_bytes": self._log_size(),
         }
         (tmp / "meta.json").write_text(json.dumps(meta))
         for f in tmp.iterdir():  # flush file contents before the directory swap
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         old = self.run_dir / "checkpoint.old"
+        if old.exists() and (self.ckpt_dir / "meta.json").is_file():
+            shutil.rmtree(old)  # left by a crash while it was being removed: it would block the rename below
         if self.ckpt_dir.exists():
             os.replace(self.ckpt_dir, old)
         os.replace(tmp, self.ckpt_dir)
         if old.exists():
-            for f in old.iterdir():
-                f.unlink()
-            old.rmdir()
+            shutil.rmtree(old)
+
+    def _log_size(self) -> int:
+        path = self.run_dir / "log.jsonl"
+        return path.stat().st_size if path.exists() else 0
+
+    def _check_finite(self) -> None:
+        """Stop a run whose training loss has become NaN or infinite (it stays so: every later step and
+        checkpoint would be garbage), logging where, and keeping the last good checkpoint and best model."""
+        if math.isfinite(self.epoch_loss):
+            return
+        self._log_line({"event": "diverged", "epoch": self.epoch, "pos": self.pos, "step": self.step,
+                        "lr": self.lr})
+        raise TrainingDiverged(f"training diverged at epoch {self.epoch}, step {self.step} (the training loss is "
+                               f"not finite); the last good checkpoint and best model in {self.run_dir} are kept: "
+                               f"lower the lr (or clip) and train again with --restart")
 
     def load_training_checkpoint(self) -> bool:
         ckpt = self.ckpt_dir
@@ -382,6 +461,7 @@ class Trainer:
             else:
                 return False
         meta = json.loads((ckpt / "meta.json").read_text())
+        self._check_same_recipe(meta.get("recipe"))
         tensors = load_file(str(ckpt / "state.safetensors"))
         model_sd = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
         self.model.load_state_dict(model_sd, strict=False)
@@ -404,7 +484,46 @@ class Trainer:
         if meta["has_carry"]:
             n = len([k for k in tensors if k.startswith("carry.")])
             self.state = tuple(tensors[f"carry.{i}"].to(self.device) for i in range(n))
+        if "log_bytes" in meta and self.rank == 0:
+            self._trim_log(meta["log_bytes"])
         return True
+
+    def _check_same_recipe(self, saved: dict[str, Any] | None) -> None:
+        """Refuse to resume under a recipe that differs from the one the checkpoint was trained with (a new lr,
+        batch size or dropout would silently mix two runs in one log and model), except the budget."""
+        if saved is None:
+            return
+        now = self.recipe.to_dict()
+        diff = [k for k in ("dataset", "seed") if saved.get(k) != now.get(k)]
+        defaults = {"model": {}, "train": asdict(TrainConfig())}  # a field added since: its default is no change
+        for table in ("model", "train"):
+            old, new = saved.get(table, {}), now[table]
+            diff += [f"{table}.{k}" for k in sorted(set(old) | set(new))
+                     if not (table == "train" and k in RESUMABLE_CHANGES)
+                     and old.get(k, defaults[table].get(k)) != new.get(k, defaults[table].get(k))]
+        if diff:
+            raise ConfigError(f"the recipe changed since {self.run_dir} was trained ({', '.join(diff)}): resume it "
+                              f"with the recipe it started with, or start over with --restart")
+
+    def _trim_log(self, size: int) -> None:
+        """Drop what the log gained after the checkpoint that the run resumes from: epoch records (the resumed
+        run writes them again) and a line cut short by a crash; event lines (an interruption) stay."""
+        path = self.run_dir / "log.jsonl"
+        if not path.exists() or path.stat().st_size <= size:
+            return
+        data = path.read_bytes()
+        kept = [data[:size]]
+        for line in data[size:].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a partial line
+            if isinstance(rec, dict) and "epoch" in rec and "valid_ppl" in rec:
+                continue
+            kept.append(line + b"\n")
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, path)
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def _averaged(self) -> dict[str, torch.Tensor] | None:
@@ -529,10 +648,16 @@ class Trainer:
         nothing (``--resume`` continues from it); the process then exits with :class:`Interrupted`.
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
         if resume and self.load_training_checkpoint():
+            if self.epoch > self.cfg.epochs and (done := self._finished_result()) is not None:
+                return done  # nothing left to train: its results stand (the test split is not scored again)
             self._log_line({"event": "resumed", "epoch": self.epoch, "pos": self.pos, "step": self.step})
         else:
             if resume and self.rank == 0:
+                if any((self.run_dir / n).exists() for n in ("best", "release", "eval.json")):
+                    raise UsageError(f"nothing to resume in {self.run_dir} (no checkpoint), but it holds an earlier "
+                                     f"run's results: start over with --restart")
                 print(f"zoo train: nothing to resume in {self.run_dir} (no checkpoint): training from the start",
                       file=sys.stderr, flush=True)
             if (self.run_dir / "log.jsonl").exists() and self.rank == 0:
@@ -548,6 +673,32 @@ class Trainer:
                 self._tb = None
             if self._owns_process_group and dist.is_initialized():
                 dist.destroy_process_group()
+
+    def _lock(self) -> None:
+        """One process per run dir (two would interleave checkpoints and the log): an exclusive lock on
+        ``RUN_DIR/.lock`` for this process's lifetime, refused in one line when another holds it."""
+        if self.rank != 0:
+            return
+        import fcntl
+
+        self._lock_file = open(self.run_dir / ".lock", "a+")  # noqa: SIM115 (held until the process exits)
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise UsageError(f"{self.run_dir} is being trained by another process") from None
+
+    def _finished_result(self) -> dict[str, Any] | None:
+        """The ``eval.json`` of a run that has trained every epoch asked for, if it was written after the last
+        checkpoint's epochs (a resumed finished run reports it instead of evaluating the test split again)."""
+        path = self.run_dir / "eval.json"
+        if not path.is_file():
+            return None
+        try:
+            result = json.loads(path.read_text())
+        except ValueError:
+            return None
+        return result if isinstance(result, dict) and result.get("epochs_trained") == self.epoch - 1 else None
 
     def _run(self) -> dict[str, Any]:
         self.model.train()
@@ -629,7 +780,12 @@ class Trainer:
 
     def _end_epoch(self) -> None:
         backup = self._averaged()
+        self._check_finite()
         val = self.evaluate("valid", self.cfg.eval_batch_size)
+        if not math.isfinite(val["avg_nll"]):
+            self._restore(backup)
+            self.epoch_loss = math.nan  # the weights give non-finite logits: diverged as well
+            self._check_finite()
         train_loss = self.epoch_loss / max(1, self.epoch_tokens)
         improved = val["avg_nll"] < self.best_val
         if improved:
@@ -637,7 +793,8 @@ class Trainer:
             if self.rank == 0:
                 self._save_best()
         self._restore(backup)
-        rec = {"epoch": self.epoch, "train_loss": train_loss, "train_ppl": math.exp(train_loss),
+        rec = {"epoch": self.epoch, "train_loss": train_loss,
+               "train_ppl": math.exp(train_loss) if train_loss < 709 else None,  # (None, not logged: past float64)
                "valid_loss": val["avg_nll"], "valid_ppl": val["ppl"], "lr": self.lr,
                "seconds": self.epoch_seconds, "tokens_per_s": self.epoch_tokens * self.world /
                max(1e-9, self.epoch_seconds), "optimizer": "asgd" if self.asgd else self.cfg.optimizer,
@@ -665,6 +822,11 @@ class Trainer:
         """Evaluate the best checkpoint on valid and (once) on test; write ``eval.json``."""
         if self.rank != 0:
             return {}
+        if not (self.run_dir / "best" / "config.json").is_file():
+            raise TrainingDiverged(f"{self.run_dir} has no best model: no epoch ended with a finite validation loss")
+        # an earlier eval.json (a sweep prefix now continued) no longer describes release/: it goes before
+        # release/ changes, so a crash in between never leaves the new weights beside the old numbers
+        (self.run_dir / "eval.json").unlink(missing_ok=True)
         best_model, _, _ = load_checkpoint(self.run_dir / "best")
         best_model.to(self.device)
         valid = self._evaluate_with(best_model, "valid", self.cfg.eval_batch_size, "valid(best)")
@@ -682,7 +844,9 @@ class Trainer:
         }
         if self.world > 1:
             result["ranks_in_sync"] = getattr(self, "ranks_in_sync", False)
-        (self.run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+        tmp = self.run_dir / "eval.json.tmp"
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, self.run_dir / "eval.json")
         self._log_line({"event": "finished", "best_valid_ppl": valid["ppl"], "best_test_ppl": test["ppl"]})
         return result
 
@@ -740,6 +904,10 @@ def _tensorboard_writer(logdir: Path, step: int) -> Any:
         raise ConfigError("--log-to tensorboard needs the tensorboard package: pip install 'alstm-zoo[train]' "
                          f"({e})") from None
     return SummaryWriter(str(logdir), purge_step=step or None)
+
+
+class TrainingDiverged(ZooError):
+    """The training loss became NaN or infinite: the run stops, keeping its last good checkpoint (exit 2)."""
 
 
 class Interrupted(Exception):
