@@ -153,3 +153,12 @@ def test_wikitext_corpus_splits_encode_to_themselves(wiki):
             enc = wiki.encode(line)
             assert enc.tokens == line.split() + ["<eos>"] and not enc.dropped, line
     assert wiki.encode("his 1,000th game").tokens[:2] == ["his", "1,000th"]
+
+
+def test_a_vocabulary_without_unk_drops_what_it_cannot_spell():
+    """A checkpoint's vocabulary that has no <unk> (or, for characters, not its five letters) cannot score an
+    unknown symbol: it is listed as dropped, not a KeyError / TypeError in the middle of scoring."""
+    char = Tokenizer(["<eos>", "a", "_"], "ptb-char").encode("ab a")
+    assert char.tokens == ["a", "_", "a", "<eos>"] and char.dropped == ["b"] and char.oov == 0
+    word = Tokenizer(["<eos>", "the"], "ptb").encode("the cat")
+    assert word.tokens == ["the", "<eos>"] and word.dropped == ["cat"] and word.oov == 0

@@ -233,6 +233,9 @@ class Tokenizer:
             enc.tokens.append(sym)
             enc.sources.append(src)
             return
+        if (self.unk_id is None) if not self.is_char else not all(ch in self.index for ch in UNK):
+            enc.dropped.append(src or sym)  # a vocabulary with no way to say <unk> (not a corpus's): dropped
+            return
         enc.oov += 1
         enc.oov_items.append(sym)
         if self.is_char:
