@@ -43,10 +43,10 @@ from zoo.pretrained import ZooModel  # noqa: E402
 from zoo.registry import ARCHITECTURES  # noqa: E402
 from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request  # noqa: E402
 from zoo.tools.demo_render import (  # noqa: E402
-    CURVES_DIR,
     _fmt,
     _summary_md,
     adaptation_figure,
+    curves_dir,
     heatmap_html,
     render_curve,
 )
@@ -271,8 +271,10 @@ def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
         if compare not in (None, "", NONE_CHOICE):
             names.append(registry.check(compare))
         results = [_score_one(registry.get(n), text, dynamic) for n in names]
-        vmax = max(max(r["surprisal_bits"]) for r in results)
-        vmax = max(1.0, math.ceil(vmax))
+        for r in results:  # a checkpoint with non-finite weights: its scores mean nothing, and say so
+            if not all(math.isfinite(x) for x in r["surprisal_bits"]):
+                raise gr.Error(f"{r['model']} gives non-finite scores on this text (are its weights finite?).")
+        vmax = max(1.0, math.ceil(max(max(r["surprisal_bits"], default=0.0) for r in results)))
         blocks, diff, diff_note = [], None, ""
         for tag, r in zip("AB", results, strict=False):
             cap = f"{tag}: {r['model']} — surprisal −log₂ p(token | context)" if len(results) > 1 \
@@ -463,8 +465,8 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bo
     never a model folder (weights) or anything else.
     """
     registry: ModelRegistry = demo.zoo_registry  # type: ignore[attr-defined]
-    allowed = [str(CURVES_DIR)]
-    allowed += [c for c in (registry.curve(n) for n in registry.names()) if c and not c.startswith(str(CURVES_DIR))]
+    allowed = [str(curves_dir())]
+    allowed += [c for c in (registry.curve(n) for n in registry.names()) if c and not c.startswith(allowed[0])]
     from starlette.middleware import Middleware
 
     known = {fn.api_name for fn in demo.fns.values() if fn.api_name and getattr(fn, "api_visibility", "public")

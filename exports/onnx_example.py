@@ -41,7 +41,9 @@ def log_softmax(x):
 
 
 if args.text is not None:  # every line's tokens plus <eos>, the first conditioned on <eos>
-    ids = [i for line in args.text.split("\n") for i in tok.encode(line).ids]
+    lines = args.text.split("\n")
+    lines = lines[:-1] if len(lines) > 1 and lines[-1] == "" else lines  # a final newline ends a line, adds none
+    ids = [i for line in lines for i in tok.encode(line).ids]
     logits, _ = run(seq, "tokens", [[eos] + ids[:-1]], zero_state())
     nll = -log_softmax(logits.astype(np.float64))[np.arange(len(ids)), ids].sum()
     print(json.dumps({"num_tokens": len(ids), "nll": float(nll), "ppl": float(np.exp(nll / len(ids)))}))
@@ -52,4 +54,5 @@ if args.generate is not None:  # the prompt through the sequence graph, then one
     for _ in range(args.tokens):
         logits, state = run(step, "token", out[-1:], state)
         out.append(int(logits.argmax()))  # greedy
-    print(json.dumps({"ids": out[1:], "text": tok.decode(out[1:])}))
+    text = tok.decode(out[1:], skip_special_tokens=False)  # <unk> kept, <eos> is a line break, as the zoo prints
+    print(json.dumps({"ids": out[1:], "text": text.replace(" <eos> ", "\n").replace("<eos>", "\n")}))

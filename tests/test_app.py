@@ -377,6 +377,28 @@ def test_make_demo_honours_gradio_server_port():
     assert "app.py --port 8123" in out.stdout
 
 
+def test_a_model_with_non_finite_scores_is_a_readable_error(tmp_path):
+    lm = tiny_lm("lstm").eval()
+    with torch.no_grad():
+        lm.decoder.bias.fill_(float("nan"))
+    save_checkpoint(tmp_path / "tiny-nan", lm, tiny_tokenizer(), {"name": "tiny-nan", "dataset": "ptb"})
+    score = app.make_handlers(app.ModelRegistry([tmp_path]))["score"]
+    with pytest.raises(app.gr.Error, match="tiny-nan gives non-finite scores"):
+        score("the cat sat", "tiny-nan")
+
+
+def test_rendered_curves_live_in_a_private_folder_of_this_process(model_root):
+    """The demo serves the curves folder as files: a fixed shared path (/tmp/zoo-demo-curves) could have been
+    planted by another user as a symlink to /, so it is this process's own mkdtemp folder (mode 0700)."""
+    from zoo.tools.demo_render import curves_dir, render_curve
+
+    folder = curves_dir()
+    assert folder == curves_dir() and folder.name.startswith("zoo-demo-curves-") and not folder.is_symlink()
+    assert folder.stat().st_mode & 0o077 == 0
+    out = render_curve(model_root / "tiny-alstm" / "log.jsonl", "tiny-alstm")
+    assert out is not None and Path(out).parent == folder
+
+
 def test_only_curve_images_are_served_as_files(served, model_root):
     """The file route serves curve images, never weights, configs or anything else in a model folder."""
     _, url, registry = served
@@ -431,3 +453,17 @@ def test_dynamic_option_without_training_data_is_a_readable_error(served):
         client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, True, api_name="/score")
     report, _, _ = client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, False, api_name="/score")
     assert report["models"][0]["num_tokens"] > 0
+
+
+def test_the_comparison_table_says_what_is_comparable():
+    """Per-token numbers compare over the same tokens only; bits per input character over the same characters
+    (a model that dropped punctuation divides fewer bits by the same characters)."""
+    from zoo.tools.demo_render import _summary_md
+
+    base = {"architecture": "lstm", "bits_per_input_char": 1.0, "perplexity": 2.0, "bits_per_token": 1.0,
+            "num_tokens": 2, "num_unk": 0, "oov": 0, "warnings": [], "tokens": ["x", "y"], "num_dropped": 0}
+    rows = _summary_md([dict(base, model="a"), dict(base, model="b")], None, "")
+    assert "bits per input character (comparable)" in rows and "| perplexity |" in rows
+    rows = _summary_md([dict(base, model="a"), dict(base, model="b", num_dropped=3, tokens=["x"])], None, "")
+    assert "not comparable: they dropped different characters" in rows
+    assert "the models tokenise differently, not comparable" in rows

@@ -17,6 +17,7 @@ pytest.importorskip("lm_eval")
 
 import zoo  # noqa: E402
 from zoo.data import load_corpus, resolve_data_dir  # noqa: E402
+from zoo.errors import DataError  # noqa: E402
 from zoo.tokenizer import Tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -180,6 +181,24 @@ def test_generate_until_honours_stop_strings(lm, model):
                                                                      "seed": 5, "max_gen_toks": 8})]))[0]
                for _ in range(2)]
     assert sampled[0] == sampled[1] and sampled[0].strip()
+    # an empty stop string never stops (as in a list); max_gen_toks=0 is zero tokens, not the default; a
+    # temperature below the library's minimum is greedy, not a sampler failure
+    edge = [(ctx, {"until": "", "max_gen_toks": 3}), (ctx, {"until": [], "max_gen_toks": 0}),
+            (ctx, {"do_sample": True, "temperature": 1e-40, "max_gen_toks": 12})]
+    no_stop, nothing, tiny_t = lm.generate_until(_requests("generate_until", edge))
+    assert no_stop == " ".join(["", *words[:3]]) and nothing == "" and tiny_t == full
+
+
+def test_a_long_context_is_run_in_pieces_with_the_same_generation(lm, model, monkeypatch):
+    import zoo.lm_eval_plugin as plugin
+
+    ctx = " ".join(["the company said its profit rose"] * 30)
+    want = lm.generate_until(_requests("generate_until", [(ctx, {"until": [], "max_gen_toks": 6})]))[0]
+    monkeypatch.setattr(plugin, "LOGIT_BUDGET", 16 * len(model.tokenizer))
+    lengths, forward = [], lm.model.runner.forward
+    monkeypatch.setattr(lm.model.runner, "forward", lambda t, s=None: (lengths.append(t.shape[1]), forward(t, s))[1])
+    assert lm.generate_until(_requests("generate_until", [(ctx, {"until": [], "max_gen_toks": 6})]))[0] == want
+    assert max(lengths) == 16 and sum(lengths) == len(model.tokenizer.encode(ctx, add_eos=False).ids)
 
 
 def test_character_model():
@@ -235,6 +254,10 @@ def test_task_files_are_indexed_and_read_the_local_data():
     assert len(corpus_documents("wikitext-2", "test", "line")["test"]) < 4358  # blank lines are no documents
     with pytest.raises(FileNotFoundError, match="ZOO_DATA_DIR"):
         corpus_documents("ptb", "test", zoo_data_dir="/nonexistent")
+    with pytest.MonkeyPatch.context() as mp:  # no data dir at all: the hint is the harness's --metadata
+        mp.delenv("ZOO_DATA_DIR", raising=False)
+        with pytest.raises(DataError, match="--metadata '{\"zoo_data_dir\""):
+            corpus_documents("ptb", "test")
 
 
 def test_zoo_imports_without_lm_eval():

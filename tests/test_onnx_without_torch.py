@@ -68,5 +68,9 @@ def test_score_and_generate_with_onnxruntime_tokenizers_numpy_only(no_torch_pyth
     ref = model.score(TEXT)[0]
     assert got["num_tokens"] == ref["num_tokens"]
     assert got["ppl"] == pytest.approx(ref["ppl"], rel=1e-5)
-    gen = _run(no_torch_python, str(folder), "--generate", "the company said", "--tokens", "12")
-    assert gen["ids"] == model.generate_ids("the company said", max_new_tokens=12, temperature=0.0)
+    assert _run(no_torch_python, str(folder), "--text", TEXT + "\n")["num_tokens"] == ref["num_tokens"]
+    gen = _run(no_torch_python, str(folder), "--generate", "the company said", "--tokens", "40")
+    assert gen["ids"] == model.generate_ids("the company said", max_new_tokens=40, temperature=0.0)
+    # the same text as the zoo's: <unk> kept, <eos> a line break (words compared line by line)
+    zoo_text = model.generate("the company said", max_new_tokens=40, temperature=0.0)
+    assert [line.split() for line in gen["text"].split("\n")] == [line.split() for line in zoo_text.split("\n")]

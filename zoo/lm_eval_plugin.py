@@ -51,6 +51,9 @@ import torch
 
 import zoo
 from zoo.data import DATASETS, resolve_data_dir
+from zoo.errors import DataError
+from zoo.generation import MIN_TEMPERATURE
+from zoo.scoring import LOGIT_BUDGET  # logits held at once (floats): bounds memory for any length
 
 try:
     from lm_eval.api.model import LM
@@ -63,8 +66,6 @@ log = logging.getLogger(__name__)
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 #: The harness model name (``--model zoo``).
 MODEL_NAME = "zoo"
-#: Largest number of logits held at once when scoring continuations (floats): bounds memory for any length.
-LOGIT_BUDGET = 1 << 24
 _PRECISIONS = {None: "fp32", "auto": "fp32", "float32": "fp32", "fp32": "fp32", "float": "fp32",
                "bfloat16": "bf16", "bf16": "bf16"}
 
@@ -219,15 +220,19 @@ class ZooLM(LM):
         """The generated text after ``context``, cut before the earliest ``until`` string."""
         if ignored:
             log.info("generation settings not used by zoo models: %s", sorted(ignored))
-        stops = [until] if isinstance(until, str) else [s for s in (until or ()) if s]
-        limit = int(max_gen_toks if max_gen_toks is not None else max_new_tokens or self.max_gen_toks)
+        stops = [s for s in ([until] if isinstance(until, str) else (until or ())) if s]  # "" would stop at once
+        limit = int(next(v for v in (max_gen_toks, max_new_tokens, self.max_gen_toks) if v is not None))
         temp = float(temperature if temperature is not None else 1.0) if do_sample else 0.0
+        if 0 < temp < MIN_TEMPERATURE:  # logits / temp would overflow to inf and the sampler fail: greedy
+            temp = 0.0
         gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
         runner, tok = self.model.runner, self.model.tokenizer
         ids = [tok.eos_id, *self._ids(context)]
         state = runner.init_state(1)
-        if len(ids) > 1:
-            _, state = runner.forward(torch.tensor([ids[:-1]], dtype=torch.long), state)
+        piece = max(1, LOGIT_BUDGET // len(tok))  # a long few-shot context in pieces (state carried), as sample_ids
+        for start in range(0, len(ids) - 1, piece):
+            _, state = runner.forward(torch.tensor([ids[start:min(start + piece, len(ids) - 1)]], dtype=torch.long),
+                                      state)
         last, text = ids[-1], ""
         for _ in range(limit):
             logits, state = runner.step(torch.tensor([last], dtype=torch.long), state)
@@ -279,13 +284,18 @@ def corpus_documents(zoo_corpus: str, zoo_split: str, zoo_unit: str = "split", z
     """The task's documents (``custom_dataset`` of the task files), read from the local data dir, never
     downloaded: ``zoo_unit="split"`` gives one document, the split file's whole text; ``"line"`` one document
     per non-empty line (as ``zoo.data.sentences`` leaves empty lines out). The data dir is ``zoo_data_dir`` (pass
-    ``--metadata '{"zoo_data_dir": "..."}'``), else ``$ZOO_DATA_DIR``, else the zoo's default. The harness also
+    ``--metadata '{"zoo_data_dir": "..."}'``), else ``$ZOO_DATA_DIR`` (the checkout's venv sets it). The harness also
     passes the model arguments and task metadata here: they are ignored."""
     import datasets
 
     if zoo_corpus not in DATASETS or zoo_corpus == "ptb-char":
         raise ValueError(f"no harness documents for corpus {zoo_corpus!r}: use ptb or wikitext-2")
-    path = resolve_data_dir(zoo_data_dir) / zoo_corpus / f"{zoo_split}.txt"
+    try:
+        root = resolve_data_dir(zoo_data_dir)
+    except DataError:  # (its own hint names --data-dir, which the harness does not have)
+        raise DataError("no data dir for the zoo's harness tasks: set ZOO_DATA_DIR, or pass --metadata "
+                        "'{\"zoo_data_dir\": \"...\"}' to lm_eval") from None
+    path = root / zoo_corpus / f"{zoo_split}.txt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (set ZOO_DATA_DIR, or --metadata '{{\"zoo_data_dir\": ...}}', "
                                 f"to the folder holding {zoo_corpus}/{zoo_split}.txt)")

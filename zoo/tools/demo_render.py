@@ -1,13 +1,15 @@
 """The demo's rendering (``app.py`` holds its layout and event handlers): training curves, the surprisal heat
 map of a scored text, the summary table of one or two models and the adaptation figure. Pure functions of their
-inputs (plus the curve images written under :data:`CURVES_DIR`), so they are tested without a browser."""
+inputs (plus the curve images written under :func:`curves_dir`), so they are tested without a browser."""
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import html
 import json
 import math
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,19 @@ from matplotlib.ticker import MaxNLocator
 from zoo.adaptation import AdaptationTrace
 from zoo.tools.plots import label_log_axis
 
-CURVES_DIR = Path(tempfile.gettempdir()) / "zoo-demo-curves"
+_CURVES: list[Path] = []
+
+
+def curves_dir() -> Path:
+    """This process's own folder of rendered curves, made on first use (``mkdtemp``: private to the user) and
+    removed at exit. The demo serves the whole folder, so it is never a fixed shared path such as
+    ``/tmp/zoo-demo-curves``, which another local user could create first as a symlink to ``/``."""
+    if not _CURVES:
+        _CURVES.append(Path(tempfile.mkdtemp(prefix="zoo-demo-curves-")))
+        atexit.register(shutil.rmtree, _CURVES[0], True)
+    return _CURVES[0]
+
+
 #: Loaded models kept in memory (least recently used is dropped).
 SEQ_STOPS = [(255, 255, 255), (255, 237, 160), (254, 178, 76), (240, 59, 32), (128, 0, 38)]
 DIV_STOPS = [(33, 102, 172), (146, 197, 222), (255, 255, 255), (244, 165, 130), (178, 24, 43)]
@@ -52,8 +66,7 @@ def render_curve(log_file: Path, name: str) -> str | None:
     ax.legend()
     ax.set_title(f"{name}: training curve ({log_file.name})", fontsize=10)
     digest = hashlib.sha1(f"{log_file.resolve()}|{name}".encode()).hexdigest()[:16]
-    out = CURVES_DIR / f"{digest}.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = curves_dir() / f"{digest}.png"
     fig.savefig(out)
     return str(out)
 
@@ -104,12 +117,16 @@ def heatmap_html(tokens: list[str], values: list[float], *, is_char: bool, vmax:
 def _summary_md(results: list[dict[str, Any]], diff: list[float] | None, notice: str) -> str:
     head = "| | " + " | ".join(f"**{html.escape(r['model'])}**" for r in results) + " |"
     rows = [head, "|---" * (len(results) + 1) + "|"]
-    mixed = len({r["is_char"] for r in results}) > 1
-    # per-token numbers of a word and a character model are not comparable: only bits per input character is
-    ppl_label = "perplexity (per token: not comparable between a word and a character model)" if mixed \
-        else "perplexity"
-    fields = [("architecture", "architecture", str), ("bits per input character (comparable)", "bits_per_input_char",
-                                                      _fmt), (ppl_label, "perplexity", _fmt),
+    # per-token numbers compare only over the same tokens (a word and a character model, or two vocabularies,
+    # do not tokenise alike); bits per input character only when both scored the same characters (a model that
+    # drops what its corpus never has, PTB's punctuation, divides fewer bits by the same characters)
+    alike = len({tuple(r["tokens"]) for r in results}) == 1
+    same_chars = len({r["num_dropped"] for r in results}) == 1
+    ppl_label = "perplexity" if alike else "perplexity (per token: the models tokenise differently, not comparable)"
+    bpc_label = "bits per input character" + (" (comparable)" if same_chars and len(results) > 1 else "" if
+                                              same_chars else " (not comparable: they dropped different characters)")
+    fields = [("architecture", "architecture", str), (bpc_label, "bits_per_input_char", _fmt),
+              (ppl_label, "perplexity", _fmt),
               ("bits per token (a character model: per symbol, its card's bpc)", "bits_per_token", _fmt),
               ("tokens", "num_tokens", str), ("`<unk>` tokens", "num_unk", str),
               ("out-of-vocabulary words", "oov", str),
