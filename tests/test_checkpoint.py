@@ -122,6 +122,31 @@ def test_a_malformed_config_is_a_checkpoint_error(ckpt, change, message):
         load_checkpoint(ckpt)
 
 
+def test_a_config_claiming_a_huge_model_is_refused_before_anything_is_allocated(ckpt):
+    """Shapes are checked on the meta device against the file's header: 4 x 10^10 weights cost nothing here."""
+    import time
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["model_args"]["arch_args"]["hidden_size"] = 100_000
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match="the config implies"):
+        load_checkpoint(ckpt)
+    assert time.perf_counter() - start < 10
+
+
+def test_a_derived_buffer_over_the_limit_is_refused(tmp_path, monkeypatch):
+    """A one-hot input allocates vocab_size squared floats that no weight file holds: bounded."""
+    import zoo.checkpoint as checkpoint
+
+    lm = tiny_lm("lstm", input_encoding="onehot", tie_weights=False)
+    path = save_checkpoint(tmp_path / "m", lm, tiny_tokenizer())
+    load_checkpoint(path)
+    monkeypatch.setattr(checkpoint, "MAX_DERIVED_BYTES", 100)
+    with pytest.raises(CheckpointError, match="beyond its weights"):
+        load_checkpoint(path)
+
+
 def test_config_and_vocab_json_that_cannot_be_parsed_are_checkpoint_errors(ckpt):
     (ckpt / "vocab.json").write_text("[" * 100_000)
     with pytest.raises(CheckpointError, match="vocab.json: not valid JSON"):

@@ -90,6 +90,8 @@ def read_config(directory: str | os.PathLike) -> dict[str, Any]:
     return config
 
 
+#: The most a model may allocate beyond its weights (derived buffers): 1 GiB.
+MAX_DERIVED_BYTES = 1 << 30
 #: The largest vocabulary file read (the zoo's largest, WikiText-2's, is under 1 MB).
 MAX_VOCAB_BYTES = 64 << 20
 
@@ -123,29 +125,47 @@ def load_checkpoint(directory: str | os.PathLike) -> tuple[LanguageModel, Tokeni
     directory = Path(directory)
     config = read_config(directory)
     tokenizer = load_tokenizer(directory, config)
+    # The config is checked against the weights file's header before anything is allocated: the model is built
+    # first on the meta device (shapes only), so a config that claims a huge model costs nothing.
     try:
-        model = LanguageModel.from_config(config["model_args"])
+        with torch.device("meta"):
+            shapes_only = LanguageModel.from_config(config["model_args"])
     except (TypeError, ValueError, RuntimeError, ArithmeticError) as e:  # (negative or zero sizes: torch's own)
         raise CheckpointError(f"{directory / CONFIG_FILE}: model_args do not fit the architecture ({e})") from None
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
-    expected = {k: v for k, v in model.state_dict().items() if k not in model.tied_keys()}
+    expected = {k: v for k, v in shapes_only.state_dict().items() if k not in shapes_only.tied_keys()}
     try:
         with safe_open(str(weights), framework="pt") as f:
-            stored = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+            header = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (no iterator)
     except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
         raise CheckpointError(f"{weights}: corrupt or truncated safetensors file ({e})") from None
-    missing = sorted(set(expected) - set(stored))
-    extra = sorted(set(stored) - set(expected))
+    missing = sorted(set(expected) - set(header))
+    extra = sorted(set(header) - set(expected))
     if missing:
         raise CheckpointError(f"{weights}: missing tensors {missing}")
     if extra:
         raise CheckpointError(f"{weights}: unexpected tensors {extra}")
     for key, ref in expected.items():
-        if tuple(stored[key].shape) != tuple(ref.shape):
-            raise CheckpointError(f"{weights}: tensor {key!r} has shape {tuple(stored[key].shape)}, "
+        if header[key] != tuple(ref.shape):
+            raise CheckpointError(f"{weights}: tensor {key!r} has shape {header[key]}, "
                                   f"the config implies {tuple(ref.shape)}")
+    # what the model allocates beyond its weights (the one-hot input's identity matrix: vocab_size squared)
+    saved = set(shapes_only.state_dict())
+    derived = sum(b.numel() * b.element_size() for n, b in shapes_only.named_buffers() if n not in saved)
+    if derived > MAX_DERIVED_BYTES:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: the model would allocate {derived:,} bytes beyond its "
+                              f"weights (over {MAX_DERIVED_BYTES:,}): a one-hot input over too large a vocabulary")
+    try:
+        model = LanguageModel.from_config(config["model_args"])
+        with safe_open(str(weights), framework="pt") as f:
+            stored = {k: f.get_tensor(k) for k in expected}
+    except (RuntimeError, MemoryError) as e:
+        raise CheckpointError(f"{weights}: cannot load ({str(e)[:200]})") from None
+    except Exception as e:  # safetensors' own error types: data that does not match its header
+        raise CheckpointError(f"{weights}: corrupt or truncated safetensors file ({e})") from None
+    for key, ref in expected.items():
         if not stored[key].dtype.is_floating_point and stored[key].dtype != ref.dtype:
             raise CheckpointError(f"{weights}: tensor {key!r} has dtype {stored[key].dtype}, expected {ref.dtype}")
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in stored.items()}, strict=False)
