@@ -127,8 +127,9 @@ class ZooLM(LM):
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Context ids and continuation ids. The continuation's tokens are those the concatenation adds after the
-        context's; when the normalisation joins across the boundary (PTB: ``3`` + ``.5`` is one ``N``) that is not
-        a prefix, and the continuation is then encoded on its own."""
+        context's; when the normalisation joins across the boundary (PTB: ``the u.s`` + ``. economy``: the context
+        alone ends in ``<unk>``, the whole text has ``u.s.``) that is not a prefix, and the continuation is then
+        encoded on its own."""
         ctx = self._ids(context)
         whole = self._ids(context + continuation)
         if whole[:len(ctx)] == ctx:
