@@ -348,11 +348,12 @@ def publish_pkg(pkg, tmp_path, monkeypatch):
     """A copy of the temp package (publishing rewrites the catalogue) with exports beside it."""
     p = tmp_path / "pkg"
     shutil.copytree(pkg, p)
-    exports = tmp_path / "exports" / "tiny-zoo"  # the layout `zoo export` writes
+    exports = tmp_path / "exports" / "tiny-zoo"  # the layout `zoo export` writes, made from the bundled weights
+    weights = json.loads((p / "catalog.json").read_text())["models"]["tiny-zoo"]["files"]["model.safetensors"]
     for fmt, fname, data in (("onnx", "model_step.onnx", b"onnx-bytes" * 50), ("torchscript", "model.pt", b"ts" * 40)):
         (exports / fmt).mkdir(parents=True)
         (exports / fmt / fname).write_bytes(data)
-        (exports / fmt / "export.json").write_text(json.dumps({"format": fmt}))
+        (exports / fmt / "export.json").write_text(json.dumps({"format": fmt, "checkpoint_sha256": weights["sha256"]}))
     (exports / "notes.txt").write_text("not an export: left out")
     for k in ("HF_ENDPOINT", "HF_HUB_OFFLINE", "ZOO_PRETRAINED_DIR"):
         monkeypatch.delenv(k, raising=False)
@@ -409,7 +410,7 @@ def test_publish_makes_one_commit_and_tags_it(publish_pkg, hub_stub, capsys):
                                                         "oid": hashlib.sha256(onnx).hexdigest(), "size": len(onnx)}
     manifest = by_path["torchscript/export.json"]
     assert manifest["key"] == "file" and json.loads(base64.b64decode(manifest["value"]["content"])) == {
-        "format": "torchscript"}
+        "format": "torchscript", "checkpoint_sha256": files["model.safetensors"]["sha256"]}
     card = base64.b64decode(by_path["README.md"]["value"]["content"]).decode()
     assert card == (bundled / "README.md").read_text()
     entry = json.loads((p / "catalog.json").read_text())["models"]["tiny-zoo"]
@@ -437,6 +438,10 @@ def test_publish_refuses_changed_bundle_and_reports_tag_conflict(publish_pkg, hu
     with pytest.raises(hub.HubError, match="HTTP 409"):
         publish.publish("tiny-zoo", "someorg/tiny", exports_dir=exports, endpoint="http://hub.test")
     assert len(stub.tags) == 1
+    (exports / "tiny-zoo" / "onnx" / "export.json").write_text(json.dumps({"format": "onnx",
+                                                                          "checkpoint_sha256": "0" * 64}))
+    with pytest.raises(hub.HubError, match="exported from other weights"):  # stale exports never ship
+        publish.publish("tiny-zoo", "someorg/tiny", dry_run=True, exports_dir=exports)
     (p / "pretrained" / "tiny-zoo" / "vocab.json").write_text("[]")
     with pytest.raises(hub.IntegrityError, match="vocab.json"):
         publish.publish("tiny-zoo", "someorg/tiny", dry_run=True, exports_dir=exports)

@@ -407,3 +407,16 @@ def test_a_small_gap_waits_for_the_other_seeds_and_is_decided_on_the_means(runs)
     (c,) = tiers.compare("t", runs, tier)["claims"]
     assert c["met"] is False and "one_seed_rel" not in c and c["measured_rel"] == pytest.approx(0.02)
     assert c["detail"].endswith("; one seed decides: the gap is not under 1%")
+
+
+def test_a_role_waits_for_a_sweep_point_still_training_or_missing(runs):
+    """A point that has not finished could still be the better one on validation: the role's claims are pending
+    (a report that says met now and not met later would have guessed)."""
+    (runs / "l-light" / "eval.json").unlink()  # still training
+    rep = tiers.compare("t", runs, TIERS)
+    lstm_claims = [c for c in rep["claims"] if c.get("baseline") == "lstm"]
+    assert lstm_claims and all(c["met"] is None and "l-light not trained to its end yet" in c["detail"]
+                               for c in lstm_claims)
+    tier = {"t": dict(TIERS["t"], roles=dict(TIERS["t"]["roles"], alstm=["a", "a-never-trained"]))}
+    rep = tiers.compare("t", runs, tier)
+    assert all(c["met"] is None and "a-never-trained" in c["detail"] for c in rep["claims"][:2])

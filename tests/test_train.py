@@ -505,6 +505,9 @@ def test_resume_refuses_a_changed_recipe_but_takes_a_new_budget(tmp_path, kill_d
     assert changed.returncode == 2 and len(changed.stderr.strip().splitlines()) == 1, changed.stderr
     assert "the recipe changed since" in changed.stderr and "train.clip, train.lr" in changed.stderr
     recipe.write_text(recipe.read_text().replace("lr = 0.01", "lr = 0.003").replace("clip = 1.0", "clip = 5.0"))
+    stopped = zoo(*base, "--resume", "--epochs", "2", "--crash-after-steps", "3", "--crash-signal", "TERM")
+    assert stopped.returncode == 128 + 15, stopped.stderr[-2000:]
+    assert not (run / "eval.json").exists()          # a prefix being continued is not finished (bundle, tiers)
     more = zoo(*base, "--resume", "--epochs", "2")   # the budget may change: a sweep prefix continued
     assert more.returncode == 0, more.stderr[-2000:]
     again = zoo(*base, "--resume", "--epochs", "2")  # finished: its results stand, test is not scored again
@@ -512,6 +515,7 @@ def test_resume_refuses_a_changed_recipe_but_takes_a_new_budget(tmp_path, kill_d
     log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log if "valid_ppl" in r] == [1, 2]
     assert sum(r.get("event") == "finished" for r in log) == 2  # the prefix's and the full run's, not a third
+    assert sum(r.get("event") == "continued" for r in log) == 1 and (run / "eval.json").is_file()
 
 
 def test_resume_drops_epoch_lines_logged_after_its_checkpoint(tmp_path, kill_data):

@@ -653,6 +653,9 @@ class Trainer:
             if self.epoch > self.cfg.epochs and (done := self._finished_result()) is not None:
                 return done  # nothing left to train: its results stand (the test split is not scored again)
             self._log_line({"event": "resumed", "epoch": self.epoch, "pos": self.pos, "step": self.step})
+            if (self.run_dir / "eval.json").exists() and self.rank == 0:  # a sweep prefix continued: not finished
+                (self.run_dir / "eval.json").unlink()  # until it is (bundle and tiers would take its old numbers)
+                self._log_line({"event": "continued", "epochs": self.cfg.epochs})
         else:
             if resume and self.rank == 0:
                 if any((self.run_dir / n).exists() for n in ("best", "release", "eval.json")):

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from zoo.catalog import DEFAULT_REVISION, Release, bundled_dir, canonical_name, catalog, catalog_path, sha256_file
 from zoo.errors import ConfigError, HubError, ModelNotFoundError
+from zoo.export.common import read_manifest
 from zoo.hub import EXPORT_FOLDERS, _reason, hub_endpoint, verify_files
 from zoo.tools import REPO
 from zoo.tools.bundle import update_catalog
@@ -62,6 +63,13 @@ def publish_plan(name: str, exports_dir: str | os.PathLike | None = None) -> lis
     plan = [Upload(f, src / f, meta["size"], meta["sha256"]) for f, meta in sorted(rel.files.items())]
     exports = Path(exports_dir) if exports_dir else default_exports_dir()
     if (exports / name).is_dir():
+        weights = rel.files.get("model.safetensors", {}).get("sha256")
+        for manifest in sorted((exports / name).glob("*/export.json")):  # made from other weights: not this release
+            made_from = (read_manifest(manifest.parent) or {}).get("checkpoint_sha256")
+            if made_from != weights:
+                raise HubError(f"{manifest.parent} was exported from other weights ({str(made_from)[:16]}...) than "
+                               f"the bundled {name} ({str(weights)[:16]}...): export it again (zoo export {name}) "
+                               "or remove it")
         for p in sorted((exports / name).rglob("*")):
             dest = _export_path(p.relative_to(exports / name)) if p.is_file() else None
             if dest:

@@ -73,6 +73,7 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
     stopped by a budget), from the two files each keeps in ``model_cards/runs/``: no number is typed."""
     import json
 
+    from zoo.tools.bundle import find_reference
     from zoo.tools.cards import release_metrics, short_device
     from zoo.tools.tiers import read_log, stopped_by_budget
 
@@ -85,7 +86,7 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
         ev_path = folder / f"{name}.eval.json"
         if ev_path.is_file():
             ev = json.loads(ev_path.read_text())
-            ref = ev["recipe"].get("reference") or {}
+            ref = find_reference(ev) or {}  # the recipe file's (corrected) reference, as the tier tables and cards
             met = release_metrics(ev)  # the weights as they would ship (float16), as the tier tables report
             bpc = met["metric"] == "bits_per_char"
             device = short_device(ev.get("device", ""))

@@ -259,6 +259,9 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
                     undecided[role] = (f"pending: sweep prefix {r['run']} beats {chosen[role]['run']} on validation "
                                        f"at epoch {r['prefix']['epoch']}; train it to the full budget "
                                        f"(zoo train {r['run']} --epochs {tier.get('epochs')} --resume)")
+        waiting = [r["run"] for r in runs if r["status"] in ("unfinished", "missing")]
+        if waiting and chosen[role] and role not in undecided:  # it could still be the better point
+            undecided[role] = f"pending: {', '.join(waiting)} not trained to its end yet"
         roles[role] = {"chosen": chosen[role]["run"] if chosen[role] else None,
                        **({"seeds": chosen[role]["seeds"]} if chosen[role] and "seeds" in chosen[role] else {}),
                        "sweep": [{k: v for k, v in r.items() if k != "epochs"} | {"epochs_logged": len(r.get(
