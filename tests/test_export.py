@@ -208,6 +208,13 @@ def test_exports_shipped_in_a_checkpoint_folder_are_trusted_only_as_verified_onn
     assert all(d != shipped / "torchscript" for d, _ in candidate_dirs(model, "torchscript", sha))
     assert ensure_export(model, "torchscript").is_relative_to(tmp_path / "cache")  # made here, not the shipped one
     assert ensure_export(model, "onnx") == shipped / "onnx"                        # verified: used as it is
+    blobs = tmp_path / "blobs"   # a Hub snapshot: its files are links into the repo's blobs, outside the folder
+    blobs.mkdir()
+    for f in (shipped / "onnx").iterdir():
+        (blobs / f.name).write_bytes(f.read_bytes())
+        f.unlink()
+        f.symlink_to(blobs / f.name)
+    assert ensure_export(model, "onnx") == shipped / "onnx"
     step = shipped / "onnx" / STEP_FILE
     step.write_bytes(step.read_bytes() + b"\0")                                    # tampered after its manifest
     assert ensure_export(model, "onnx").is_relative_to(tmp_path / "cache")

@@ -561,7 +561,17 @@ def test_one_process_per_run_dir_and_no_silent_restart_over_results(tmp_path, ki
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(UsageError, match="is being trained by another process"):
             Trainer(recipe, run, data_dir=str(kill_data), progress=False).run()
-    Trainer(recipe, run, data_dir=str(kill_data), progress=False).run()
+    first = Trainer(recipe, run, data_dir=str(kill_data), progress=False)
+    first.run()
+    # the lock lasts as long as the run, not the Trainer object: the same process may go on with the run dir
+    assert Trainer(recipe, run, data_dir=str(kill_data), progress=False).run(resume=True)["epochs_trained"] == 1
+    with open(run / ".lock", "a+") as held:   # --restart never clears a run another process is training
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        refused = zoo("train", str(tmp_path / "r.toml"), "--data-dir", str(kill_data), "--device", "cpu",
+                      "--run-dir", str(run), "--restart")
+        assert refused.returncode == 2 and "is being trained by another process" in refused.stderr
+        assert (run / "eval.json").is_file() and (run / "checkpoint").is_dir()
+    del first
     import shutil
 
     shutil.rmtree(run / "checkpoint")   # results without a checkpoint: --resume would have started over
@@ -580,3 +590,13 @@ def test_a_checkpoint_old_left_by_a_crash_does_not_block_the_next_save(tmp_path,
     (run / "checkpoint.old" / "state.safetensors").write_bytes(b"half-removed")
     trainer.save_training_checkpoint()
     assert (run / "checkpoint" / "meta.json").is_file() and not (run / "checkpoint.old").exists()
+
+
+def test_an_epoch_line_without_a_finite_train_ppl_is_logged_and_printed(tmp_path, kill_data):
+    """A mean training loss past float64's exp (over ~709 nats) has no perplexity: the line goes without it."""
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", epochs=1))
+    trainer = Trainer(recipe, tmp_path / "run", data_dir=str(kill_data), progress=True)
+    (tmp_path / "run").mkdir()
+    trainer._log_line({"epoch": 1, "train_loss": 800.0, "train_ppl": None, "valid_ppl": 5.0, "lr": 1.0,
+                       "tokens_per_s": 10.0})
+    assert "train_ppl" not in json.loads((tmp_path / "run" / "log.jsonl").read_text())

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -251,10 +251,9 @@ def _usable(directory: Path, backend: str, sha256: str, model_args: dict[str, An
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(k in files for k in get_backend(backend).files):
         return False
-    root = directory.resolve()
-    for f in files.values():
-        path = directory / f if isinstance(f, str) else None
-        if path is None or not path.is_file() or not path.resolve().is_relative_to(root):
+    for f in files.values():  # a name inside the folder (a Hub snapshot's files are links into its blobs)
+        if not isinstance(f, str) or PurePosixPath(f).is_absolute() or ".." in PurePosixPath(f).parts \
+                or "\\" in f or not (directory / f).is_file():
             return False
     if verify_files:
         sums = manifest.get("file_sha256")

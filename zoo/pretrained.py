@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,12 @@ from zoo.precision import check as check_precision
 from zoo.scoring import ScoreReport, evaluate_sentences, evaluate_stream, score_texts, summarize
 from zoo.tokenizer import Tokenizer
 
-#: What a model's name may be (it names folders): no path separators, no '..'.
-PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+
+def is_folder_name(name: object) -> bool:
+    """Whether ``name`` can name a folder of its own (a model's exports folder): one path component, not hidden
+    and not ``..``, so a config's name can never point outside the folder it is joined to."""
+    return isinstance(name, str) and 0 < len(name) <= 200 and not name.startswith(".") and not any(
+        c in name for c in "/\\\0")
 
 
 def _check_positive(name: str, value: object) -> None:
@@ -64,9 +67,9 @@ class ZooModel:
         self.source = source
         self.name = name or config.get("name", "model")
         # a name becomes a folder (the exports of `zoo export`): a config's name must not climb out of it
-        if not isinstance(self.name, str) or not PLAIN_NAME.fullmatch(self.name) or ".." in self.name:
-            raise CheckpointError(f"model name {self.name!r} (config.json 'name') must be a plain name: letters, "
-                                  "digits, '.', '_' and '-', not starting with '.' or '-'")
+        if not is_folder_name(self.name):
+            raise CheckpointError(f"model name {self.name!r} (config.json 'name') must be a plain name: no path "
+                                  "separator, not starting with '.', at most 200 characters")
         self.runner = runner if runner is not None else self.lm
         self.backend = backend
         self.precision = "fp32"

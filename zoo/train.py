@@ -19,6 +19,7 @@ Design points:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -211,12 +212,36 @@ def run_products(run_dir: str | os.PathLike) -> list[str]:
 
 def clear_run(run_dir: str | os.PathLike) -> None:
     """Remove an earlier run's products (and nothing else) so a restart cannot mix with them: a crash before the new
-    run's first checkpoint would otherwise leave the old checkpoint beside the new log."""
-    import shutil
+    run's first checkpoint would otherwise leave the old checkpoint beside the new log. Under the run dir's lock:
+    a run still training there is refused, never cleared from under it."""
+    with run_lock(Path(run_dir)):
+        for name in run_products(run_dir):
+            path = Path(run_dir) / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
-    for name in run_products(run_dir):
-        path = Path(run_dir) / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+class run_lock:  # noqa: N801  (a context manager, used as one)
+    """The exclusive lock on ``RUN_DIR/.lock`` that one training process holds for its run (``flock``: released
+    when the file is closed, also when the process dies); refused in one line when another process holds it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / ".lock"
+        self.file: Any = None
+
+    def __enter__(self) -> run_lock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "a+")  # noqa: SIM115 (closed by __exit__)
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.close()
+            raise UsageError(f"{self.path.parent} is being trained by another process") from None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.file.close()
 
 
 def nonmonotone_trigger(history: list[float], val_loss: float, nonmono: int) -> bool:
@@ -648,7 +673,10 @@ class Trainer:
         nothing (``--resume`` continues from it); the process then exits with :class:`Interrupted`.
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock()
+        with run_lock(self.run_dir) if self.rank == 0 else contextlib.nullcontext():
+            return self._run_locked(resume)
+
+    def _run_locked(self, resume: bool) -> dict[str, Any]:
         if resume and self.load_training_checkpoint():
             if self.epoch > self.cfg.epochs and (done := self._finished_result()) is not None:
                 return done  # nothing left to train: its results stand (the test split is not scored again)
@@ -676,20 +704,6 @@ class Trainer:
                 self._tb = None
             if self._owns_process_group and dist.is_initialized():
                 dist.destroy_process_group()
-
-    def _lock(self) -> None:
-        """One process per run dir (two would interleave checkpoints and the log): an exclusive lock on
-        ``RUN_DIR/.lock`` for this process's lifetime, refused in one line when another holds it."""
-        if self.rank != 0:
-            return
-        import fcntl
-
-        self._lock_file = open(self.run_dir / ".lock", "a+")  # noqa: SIM115 (held until the process exits)
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.close()
-            raise UsageError(f"{self.run_dir} is being trained by another process") from None
 
     def _finished_result(self) -> dict[str, Any] | None:
         """The ``eval.json`` of a run that has trained every epoch asked for, if it was written after the last
@@ -805,7 +819,8 @@ class Trainer:
         self._log_line(rec)
         if self._tb is not None:
             for key in ("train_ppl", "valid_ppl", "valid_loss", "tokens_per_s"):
-                self._tb.add_scalar(f"epoch/{key}", rec[key], self.epoch)
+                if rec[key] is not None:
+                    self._tb.add_scalar(f"epoch/{key}", rec[key], self.epoch)
             self._tb.add_scalar("valid/ppl", rec["valid_ppl"], self.step)
             self._tb.flush()
         if self.cfg.optimizer == "ntasgd" and not self.asgd:
@@ -890,7 +905,8 @@ class Trainer:
         with open(self.run_dir / "log.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
         if self.progress and "valid_ppl" in rec:
-            tqdm.write(f"epoch {rec['epoch']}: train ppl {rec['train_ppl']:.2f}  valid ppl {rec['valid_ppl']:.2f}  "
+            tqdm.write(f"epoch {rec['epoch']}: train ppl {rec.get('train_ppl', math.inf):.2f}  "
+                       f"valid ppl {rec['valid_ppl']:.2f}  "
                        f"lr {rec['lr']:.3g}  {rec['tokens_per_s']:.0f} tok/s")
 
 
