@@ -190,11 +190,11 @@ def test_generate_until_honours_stop_strings(lm, model):
 
 
 def test_a_long_context_is_run_in_pieces_with_the_same_generation(lm, model, monkeypatch):
-    import zoo.lm_eval_plugin as plugin
+    import zoo.generation as generation
 
     ctx = " ".join(["the company said its profit rose"] * 30)
     want = lm.generate_until(_requests("generate_until", [(ctx, {"until": [], "max_gen_toks": 6})]))[0]
-    monkeypatch.setattr(plugin, "LOGIT_BUDGET", 16 * len(model.tokenizer))
+    monkeypatch.setattr(generation, "LOGIT_BUDGET", 16 * len(model.tokenizer))  # (zoo.generation.read_context)
     lengths, forward = [], lm.model.runner.forward
     monkeypatch.setattr(lm.model.runner, "forward", lambda t, s=None: (lengths.append(t.shape[1]), forward(t, s))[1])
     assert lm.generate_until(_requests("generate_until", [(ctx, {"until": [], "max_gen_toks": 6})]))[0] == want

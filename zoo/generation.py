@@ -77,6 +77,18 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
 
 
 @torch.no_grad()
+def read_context(runner, ids: list[int], vocab_size: int) -> tuple[Tensor, ...]:
+    """The state after ``ids`` from a zero state. They run through in pieces whose logits (computed and dropped)
+    stay within the scoring budget: the state is carried, so this is the whole context's state, without a
+    ``[1, T, V]`` tensor for a long prompt."""
+    state = runner.init_state(1)
+    piece = max(1, LOGIT_BUDGET // vocab_size)
+    for start in range(0, len(ids), piece):
+        _, state = runner.forward(torch.tensor([ids[start:start + piece]], dtype=torch.long), state)
+    return state
+
+
+@torch.no_grad()
 def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams) -> Iterator[int]:
     """Yield generated token ids one by one: ``max_new_tokens`` of them, unless ``stop_at_eos`` and ``<eos>``."""
     gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
@@ -84,13 +96,7 @@ def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams
     # a character model's <unk> is spelled as characters (zoo.tokenizer): the ids of that spelling, if it has them
     spelled = [tokenizer.index[ch] for ch in UNK] if tokenizer.is_char and all(ch in tokenizer.index for ch in UNK) \
         else []
-    state = runner.init_state(1)
-    # the prompt runs through in pieces whose logits (computed and dropped) stay within the scoring budget: the
-    # state is carried, so this is the whole prompt's state, without a [1, T, V] tensor for a long prompt
-    piece = max(1, LOGIT_BUDGET // len(tokenizer))
-    for s in range(0, len(context) - 1, piece):
-        _, state = runner.forward(torch.tensor([context[s:min(s + piece, len(context) - 1)]], dtype=torch.long),
-                                  state)
+    state = read_context(runner, context[:-1], len(tokenizer))
     token = torch.tensor([context[-1]], dtype=torch.long)
     for _ in range(params.max_new_tokens):
         logits, state = runner.step(token, state)

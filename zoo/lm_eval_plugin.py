@@ -52,7 +52,7 @@ import torch
 import zoo
 from zoo.data import DATASETS, resolve_data_dir
 from zoo.errors import DataError
-from zoo.generation import MIN_TEMPERATURE
+from zoo.generation import MIN_TEMPERATURE, read_context
 from zoo.scoring import LOGIT_BUDGET  # logits held at once (floats): bounds memory for any length
 
 try:
@@ -229,11 +229,7 @@ class ZooLM(LM):
         gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
         runner, tok = self.model.runner, self.model.tokenizer
         ids = [tok.eos_id, *self._ids(context)]
-        state = runner.init_state(1)
-        piece = max(1, LOGIT_BUDGET // len(tok))  # a long few-shot context in pieces (state carried), as sample_ids
-        for start in range(0, len(ids) - 1, piece):
-            _, state = runner.forward(torch.tensor([ids[start:min(start + piece, len(ids) - 1)]], dtype=torch.long),
-                                      state)
+        state = read_context(runner, ids[:-1], len(tok))  # a long few-shot context in pieces, state carried
         last, text = ids[-1], ""
         for _ in range(limit):
             logits, state = runner.step(torch.tensor([last], dtype=torch.long), state)
