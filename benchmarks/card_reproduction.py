@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from zoo.files import write_atomic
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 TOLERANCE = 1e-4  # 0.01%, relative
@@ -122,12 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['command']}: {r['measured_test']:.6f} vs card {r['card_test']:.6f} "
               f"({100 * r['relative_difference']:+.5f}%) in {r['seconds']:.0f} s", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)  # after each model: an interrupted run keeps what it measured
-        out.write_text(json.dumps({"tolerance": TOLERANCE, "models": dict(sorted(results.items()))}, indent=2) + "\n")
-        out.with_suffix(".md").write_text(markdown(results, catalog))
+        report = {"tolerance": TOLERANCE, "models": dict(sorted(results.items()))}
+        write_atomic(out, json.dumps(report, indent=2) + "\n")
+        write_atomic(out.with_suffix(".md"), markdown(results, catalog))
     if not todo:
         print("every bundled model has an up-to-date entry (use --all or --models to measure again)")
     if results:  # the table follows the catalogue (a retired model leaves it) even when nothing was measured
-        out.with_suffix(".md").write_text(markdown(results, catalog))
+        write_atomic(out.with_suffix(".md"), markdown(results, catalog))
     from zoo.tools.readme import main as regenerate_readme
 
     regenerate_readme([])

@@ -287,7 +287,7 @@ def test_refresh_rebuilds_the_card_from_the_bundled_files_and_keeps_weights_and_
     assert "## Comparison" not in before["README.md"].decode()
     (cards / "tiers").mkdir()
     (cards / "tiers" / "t.json").write_text(json.dumps({
-        "tier": "t", "title": "A test tier", "generated": "2026-01-01 00:00 UTC",
+        "tier": "t", "title": "A test tier",
         "roles": {"lstm": {"chosen": run_name, "sweep": [{"run": run_name}]}},
         "claims": [{"source": "a paper's claim", "model": "lstm", "baseline": None, "met": True, "detail": "3 < 4"}]}))
     entry = refresh("m", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards)
@@ -322,6 +322,18 @@ def test_refresh_rebuilds_the_card_from_the_bundled_files_and_keeps_weights_and_
                           (["--retire", "m", "--default"], "--retire takes model names only, not --default")):
         code, _, err = run_main(capsys, "bundle", *args)
         assert code == 2 and err.count("\n") == 1 and message in err, err
+    # a plain re-bundle keeps the repo and revision too: when files change under them it says so, like --refresh
+    code, out, err = run_main(capsys, "bundle", str(tiny_run_dir), "--name", "m", "--figure",
+                              str(folder / "m-curve.png"), "--recipe", str(custom), "--license", "apache-2.0")
+    assert code == 0 and out.startswith("bundled m") and err == "", err  # the same files again: nothing to say
+    code, out, err = run_main(capsys, "bundle", str(tiny_run_dir), "--name", "m")  # no figure, the recipe's reference
+    assert code == 0 and err.startswith("note: the hashes of README.md, m-curve.png changed") and \
+        "someone/m@v2 no longer matches" in err and "`zoo publish m --tag NEW_TAG`" in err, err
+    code, _, err = run_main(capsys, "bundle", str(tiny_run_dir), "--name", "m", "--revision", "v3")
+    assert code == 0 and err == "", err  # a new revision: nothing published there yet
+    bundle(tiny_run_dir, "m", default=True, figures=[tiny_png(tmp_path / "m-curve.png")], repo_id="someone/m",
+           revision="v2", license="apache-2.0", recipe_path=custom, catalog_file=pkg / "catalog.json",
+           pretrained_dir=pkg / "pretrained", cards_dir=pkg / "cards")
     (folder / "m-curve.png").unlink()
     with pytest.raises(BundleError, match="cannot rebuild its card without .*m-curve.png"):
         refresh("m", catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained", cards_dir=cards)

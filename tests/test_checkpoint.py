@@ -169,3 +169,26 @@ def test_no_unpickling_anywhere_in_the_library():
         for m in re.finditer(r"torch\.load\(([^)]*)\)", src):
             assert "weights_only=True" in m.group(1), f"{p}: {m.group(0)}"
         assert not re.search(r"\bpickle\.loads?\(|\bjoblib\.load\(", src), p
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    """zoo.files.write_atomic (checkpoint config/vocab, eval.json, the catalogue, export manifests, tier reports):
+    when the swap fails (here: os.replace raises, as on a full disk) the old bytes stay and the
+    temporary file is removed, so a half-written config.json is never seen and nothing is left behind."""
+
+    from zoo import files
+
+    target = tmp_path / "config.json"
+    files.write_atomic(target, '{"old": 1}\n')
+    assert target.read_text() == '{"old": 1}\n'
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "replace", fail)
+    with pytest.raises(OSError, match="No space"):
+        files.write_atomic(target, '{"new": 2}\n', fsync=True)
+    monkeypatch.undo()
+    assert target.read_text() == '{"old": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    files.write_atomic(target, b"\xff raw bytes")
+    assert target.read_bytes() == b"\xff raw bytes"

@@ -62,6 +62,28 @@ def test_claims_from_runs(runs):
     assert g2["status"] == "unfinished" and g2["last_valid"] == 120 and "(120.00 at its last epoch)" in \
         tiers.markdown(rep)
     assert rep["param_budget"]["spread"] == pytest.approx(0.04) and rep["param_budget"]["met"] is True
+    assert "(the largest 4.0% above the smallest; within the tier's 5%)" in tiers.markdown(rep)
+
+
+def test_parameter_budget_is_checked_between_the_smallest_and_the_largest(runs):
+    """"Within 5% of each other" is every pair within 5%: 5.0M and 5.3M are 6% apart, although each is within 3%
+    of their midpoint (the check this replaced)."""
+    (runs / "l-heavy" / "eval.json").write_text(json.dumps(
+        json.loads((runs / "l-heavy" / "eval.json").read_text()) | {"num_parameters": 5_300_000}))
+    rep = tiers.compare("t", runs, TIERS)
+    assert rep["param_budget"]["spread"] == pytest.approx(0.06) and rep["param_budget"]["met"] is False
+    assert "(the largest 6.0% above the smallest; OUTSIDE the tier's 5%)" in tiers.markdown(rep)
+
+
+def test_a_report_is_the_same_bytes_when_nothing_changed(runs, tmp_path):
+    """Regenerating a tier report with no new run writes the same files: a report carries no timestamp, so
+    neither it nor the cards quoting it change (and no Hub README sha moves) for nothing."""
+    out, figs = tmp_path / "out", tmp_path / "figs"
+    tiers.write(tiers.compare("t", runs, TIERS), out, figs)
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    tiers.write(tiers.compare("t", runs, TIERS), out, figs)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first
+    assert "generated" not in json.loads(first["t.json"])
 
 
 def test_train_loss_claim_and_markdown(runs):
@@ -140,7 +162,7 @@ def test_bundled_tiers_are_fair_before_any_compute_is_spent():
                 with torch.device("meta"):
                     model = LanguageModel(vocab_size=vocab[ds], **rec.model)
                 counts[name] = sum(p.numel() for p in model.parameters())
-        assert max(counts.values()) / min(counts.values()) - 1 <= 2 * tier["param_tolerance"], (tier_name, counts)
+        assert max(counts.values()) / min(counts.values()) - 1 <= tier["param_tolerance"], (tier_name, counts)
         # one optimiser, schedule, batch and mode per tier (the 8-epoch ptb-5m tier's p-norm GRUs keep their own lr,
         # compared only among themselves); and a claim compares models trained exactly the same way, lr included
         assert len({o[:1] + o[2:] for run in optim.values() for o in run}) == 1, (tier_name, optim)
@@ -336,8 +358,6 @@ def test_every_committed_tier_report_regenerates_from_committed_files(tier, tmp_
     repository keeps (bundled cards' copies and model_cards/runs/ records), and name only files it keeps."""
     kept = json.loads((tiers.REPO / "model_cards" / "tiers" / f"{tier}.json").read_text())
     again = tiers.compare(tier, tmp_path / "no-runs")
-    for rep in (kept, again):
-        rep.pop("generated")
     assert again == kept
     logs = [r["log"] for info in kept["roles"].values() for r in info["sweep"] if "log" in r]
     assert logs and all((tiers.REPO / p).is_file() for p in logs)

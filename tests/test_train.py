@@ -112,6 +112,16 @@ def test_training_run_end_to_end_on_cuda(tmp_path, tiny_data, arch, precision):
     assert abs(result["release"]["test_ppl_change"]) < 0.01
 
 
+def assert_same_weights(a: Path, b: Path) -> dict[str, torch.Tensor]:
+    """The two runs' last checkpoints hold bit-identical model weights; returns ``b``'s checkpoint tensors."""
+    wa = load_file(str(a / "checkpoint" / "state.safetensors"))
+    wb = load_file(str(b / "checkpoint" / "state.safetensors"))
+    for k in wa:
+        if k.startswith("model."):
+            torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
+    return wb
+
+
 def kill_resume_and_compare(tmp_path: Path, base: list[str], every: int = 3, after: int = 8, signal_name: str = "KILL",
                             extra: tuple[str, ...] = ()) -> tuple[dict, subprocess.CompletedProcess]:
     """Train ``base`` uninterrupted into ``a``; into ``b`` with a checkpoint every ``every`` steps (0: none) and the
@@ -126,12 +136,7 @@ def kill_resume_and_compare(tmp_path: Path, base: list[str], every: int = 3, aft
     assert (tmp_path / "b" / "checkpoint" / "meta.json").is_file()
     resumed = zoo(*base, "--run-dir", str(tmp_path / "b"), "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    wa = load_file(str(tmp_path / "a" / "checkpoint" / "state.safetensors"))
-    wb = load_file(str(tmp_path / "b" / "checkpoint" / "state.safetensors"))
-    for k in wa:
-        if k.startswith("model."):
-            torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
-    return wb, crashed
+    return assert_same_weights(tmp_path / "a", tmp_path / "b"), crashed
 
 
 @pytest.mark.parametrize("signal_name", ["TERM", "INT"])
@@ -277,6 +282,40 @@ def test_torchrun_two_processes_match_one_process(tmp_path, tiny_data):
     for k in w1:
         if k.startswith("model."):
             torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_torchrun_stop_and_resume_restores_every_ranks_carried_state(tmp_path, kill_data):
+    """Under torchrun each rank trains its own columns of the batch and carries its own hidden state. A SIGTERM
+    mid-epoch stops both ranks at the same step (they agree after every step), the checkpoint keeps each rank's
+    carried state, and the resumed run ends with exactly the uninterrupted run's weights (before, every rank
+    resumed from rank 0's state, and the weights differed). Resuming in another number of processes is refused."""
+    recipe = write_recipe(tmp_path / "r.toml", arch="lstm", optimizer="sgd", epochs=1, dropout=0.0,
+                          extra_train="variable_bptt = false\nlr_decay = 1.0").read_text()
+    (tmp_path / "r2.toml").write_text(recipe.replace("variable_bptt = true\n", "").replace("lr = 0.003", "lr = 1.0"))
+
+    def torchrun(run: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                               "--master-port", "29535", "-m", "zoo.cli", "train", str(tmp_path / "r2.toml"),
+                               "--data-dir", str(kill_data), "--device", "cpu", "--run-dir", str(tmp_path / run),
+                               *extra], capture_output=True, text=True, cwd=REPO, timeout=600,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    whole = torchrun("a")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    stopped = torchrun("b", "--crash-after-steps", "8", "--crash-signal", "TERM")
+    assert stopped.returncode != 0 and "stopped by SIGTERM" in stopped.stderr, stopped.stderr[-3000:]
+    meta = json.loads((tmp_path / "b" / "checkpoint" / "meta.json").read_text())
+    saved = load_file(str(tmp_path / "b" / "checkpoint" / "state.safetensors"))
+    assert meta["step"] == 8 and meta["world_size"] == 2
+    assert any(k.startswith("carry.rank1.") for k in saved)
+    assert not torch.equal(saved["carry.0"], saved["carry.rank1.0"])  # the ranks' states are their own
+    alone = zoo("train", str(tmp_path / "r2.toml"), "--data-dir", str(kill_data), "--device", "cpu",
+                "--run-dir", str(tmp_path / "b"), "--resume")
+    assert alone.returncode == 2 and "written by 2 process(es)" in alone.stderr and \
+        "torchrun --nproc-per-node 2" in alone.stderr and len(alone.stderr.strip().splitlines()) == 1, alone.stderr
+    resumed = torchrun("b", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(tmp_path / "a", tmp_path / "b")
 
 
 def test_torchrun_with_dropout_keeps_replicas_in_sync_and_ranks_draw_their_own_masks(tmp_path, tiny_data):

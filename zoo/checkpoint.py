@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from zoo.errors import CheckpointError  # noqa: F401 (re-exported)
+from zoo.files import write_atomic
 from zoo.lm import LanguageModel
 from zoo.registry import ARCHITECTURES
 from zoo.tokenizer import Tokenizer
@@ -29,15 +30,6 @@ CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, CARD_FILE = "config.json", "model.safeten
 TOKENIZER_FILE = "tokenizer.json"
 #: What every checkpoint folder must hold.
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_checkpoint(directory: str | os.PathLike, model: LanguageModel, tokenizer: Tokenizer,
@@ -60,9 +52,9 @@ def save_checkpoint(directory: str | os.PathLike, model: LanguageModel, tokenize
     tmp = out / (WEIGHTS_FILE + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt", "tied": json.dumps(tied)})
     os.replace(tmp, out / WEIGHTS_FILE)
-    _atomic_write_bytes(out / VOCAB_FILE, json.dumps(tokenizer.vocab, ensure_ascii=False).encode())
-    _atomic_write_bytes(out / TOKENIZER_FILE, json.dumps(tokenizer.to_hf_json(), ensure_ascii=False).encode())
-    _atomic_write_bytes(out / CONFIG_FILE, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(out / VOCAB_FILE, json.dumps(tokenizer.vocab, ensure_ascii=False), fsync=True)
+    write_atomic(out / TOKENIZER_FILE, json.dumps(tokenizer.to_hf_json(), ensure_ascii=False), fsync=True)
+    write_atomic(out / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True) + "\n", fsync=True)
     return out
 
 

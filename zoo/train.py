@@ -44,6 +44,7 @@ from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import PAD_TARGET, Corpus, batchify, load_corpus, pad_batch, sentences
 from zoo.datasets import get_dataset
 from zoo.errors import ConfigError, MissingFileError, UsageError, ZooError
+from zoo.files import write_atomic
 from zoo.lm import LanguageModel
 from zoo.precision import autocast
 from zoo.precision import check as check_precision
@@ -423,6 +424,7 @@ class Trainer:
 
     def save_training_checkpoint(self) -> None:
         self._check_finite()  # a diverged run keeps its last good checkpoint
+        carry = self._gather_carry()  # (collective under torchrun: before rank 0 alone goes on)
         if self.rank != 0:
             return
         tmp = self.run_dir / "checkpoint.tmp"
@@ -434,9 +436,9 @@ class Trainer:
         tensors["rng.torch"] = torch.get_rng_state()
         if self.device.type == "cuda":
             tensors["rng.cuda"] = torch.cuda.get_rng_state(self.device)
-        if self.state is not None:
-            for i, s in enumerate(self.state):
-                tensors[f"carry.{i}"] = s.detach().cpu().contiguous()
+        for r, state in enumerate(carry or []):  # rank 0's as carry.I (the single-process layout), rank r's as
+            for i, s in enumerate(state):        # carry.rankR.I
+                tensors[f"carry.{i}" if r == 0 else f"carry.rank{r}.{i}"] = s.cpu()
         save_file(tensors, str(tmp / "state.safetensors"))
         meta = {
             "epoch": self.epoch, "pos": self.pos, "step": self.step, "lr": self.lr, "best_val": self.best_val,
@@ -444,7 +446,7 @@ class Trainer:
             self.cfg.optimizer, "optim_scalars": opt_s, "bptt_rng": self.bptt_rng.bit_generator.state,
             "python_rng": list(random.getstate()[1]), "epoch_loss": self.epoch_loss,
             "epoch_tokens": self.epoch_tokens, "epoch_seconds": self.epoch_seconds,
-            "has_carry": self.state is not None, "recipe": self.recipe.to_dict(),
+            "has_carry": self.state is not None, "recipe": self.recipe.to_dict(), "world_size": self.world,
             # the log as far as this checkpoint: a resume drops the epoch lines written after it (a crash between
             # an epoch's log line and its checkpoint would otherwise log that epoch twice)
             "log_bytes": self._log_size(),
@@ -487,6 +489,12 @@ class Trainer:
                 return False
         meta = json.loads((ckpt / "meta.json").read_text())
         self._check_same_recipe(meta.get("recipe"))
+        saved_world = meta.get("world_size")  # (not recorded before per-rank carried states were saved)
+        if saved_world is not None and saved_world != self.world:
+            how = f"torchrun --nproc-per-node {saved_world}" if saved_world > 1 else "one process, no torchrun"
+            raise ConfigError(f"{ckpt} was written by {saved_world} process(es) and this run has {self.world}: "
+                              f"each process trains its own columns of the batch with its own carried state, so "
+                              f"resume with the same number ({how})")
         tensors = load_file(str(ckpt / "state.safetensors"))
         model_sd = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
         self.model.load_state_dict(model_sd, strict=False)
@@ -507,8 +515,11 @@ class Trainer:
             setattr(self, k, meta[k])
         self.state = None
         if meta["has_carry"]:
-            n = len([k for k in tensors if k.startswith("carry.")])
-            self.state = tuple(tensors[f"carry.{i}"].to(self.device) for i in range(n))
+            prefix = "carry." if self.rank == 0 else f"carry.rank{self.rank}."
+            if not any(k.startswith(prefix) for k in tensors):  # older multi-process checkpoints kept rank 0's only
+                prefix = "carry."
+            n = len([k for k in tensors if k.startswith(prefix) and k[len(prefix):].isdigit()])
+            self.state = tuple(tensors[f"{prefix}{i}"].to(self.device) for i in range(n))
         if "log_bytes" in meta and self.rank == 0:
             self._trim_log(meta["log_bytes"])
         return True
@@ -546,9 +557,7 @@ class Trainer:
             if isinstance(rec, dict) and "epoch" in rec and "valid_ppl" in rec:
                 continue
             kept.append(line + b"\n")
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_bytes(b"".join(kept))
-        os.replace(tmp, path)
+        write_atomic(path, b"".join(kept))
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def _averaged(self) -> dict[str, torch.Tensor] | None:
@@ -754,14 +763,15 @@ class Trainer:
                 now = time.time()
                 due = (self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0) or \
                     now - last_ckpt > cfg.checkpoint_minutes * 60
-                if due and self.pos < total:
+                if self.crash_after_steps and steps_since_start == self.crash_after_steps:
+                    os.kill(os.getpid(), self.crash_signal)
+                due, self._stop_signal = self._agree(bool(due) and self.pos < total, self._stop_signal)
+                if due and not self._stop_signal:  # (a stop writes its own checkpoint just below)
                     self.epoch_seconds += now - t0
                     t0 = now
                     self.elapsed = now - start_wall
                     self.save_training_checkpoint()
                     last_ckpt = now
-                if self.crash_after_steps and steps_since_start == self.crash_after_steps:
-                    os.kill(os.getpid(), self.crash_signal)
                 if self._stop_signal:
                     self.epoch_seconds += time.time() - t0
                     self.elapsed = time.time() - start_wall
@@ -781,6 +791,33 @@ class Trainer:
                 break
         self._check_ranks_in_sync()
         return self.finish()
+
+    def _agree(self, due: bool, stop_signal: int) -> tuple[bool, int]:
+        """Under torchrun, make every rank take the same decision after a step: checkpoint now (the wall-clock
+        trigger fires on each rank's own clock) and stop now (a signal reaches the ranks at different steps).
+        Saving gathers every rank's carried state, so a rank that saved or stopped alone would wait forever on
+        the others. One small all-reduce per step (max over ranks); a single process decides alone."""
+        if self.world < 2:
+            return due, stop_signal
+        flags = torch.tensor([int(due), int(stop_signal)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0]), int(flags[1])
+
+    def _gather_carry(self) -> list[tuple[torch.Tensor, ...]] | None:
+        """Every rank's carried state, by rank (rank r trains on its own columns of the batch, so its state is its
+        own): collective, so every rank calls it at the same point. None when no state is carried."""
+        if self.state is None:
+            return None
+        mine = tuple(s.detach().contiguous() for s in self.state)
+        if self.world < 2:
+            return [mine]
+        per_rank: list[list[torch.Tensor]] = [[] for _ in range(self.world)]
+        for s in mine:
+            bufs = [torch.empty_like(s) for _ in range(self.world)]
+            dist.all_gather(bufs, s)
+            for r, b in enumerate(bufs):
+                per_rank[r].append(b)
+        return [tuple(x) for x in per_rank]
 
     def _check_ranks_in_sync(self) -> None:
         """DDP keeps the replicas equal; a checksum per rank proves it before rank 0 evaluates and writes."""
@@ -862,9 +899,7 @@ class Trainer:
         }
         if self.world > 1:
             result["ranks_in_sync"] = getattr(self, "ranks_in_sync", False)
-        tmp = self.run_dir / "eval.json.tmp"
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        os.replace(tmp, self.run_dir / "eval.json")
+        write_atomic(self.run_dir / "eval.json", json.dumps(result, indent=2) + "\n")
         self._log_line({"event": "finished", "best_valid_ppl": valid["ppl"], "best_test_ppl": test["ppl"]})
         return result
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from zoo.files import write_atomic
 from zoo.lm import LanguageModel
 
 #: Bumped when the layout or the I/O contract of the exported files changes.
@@ -104,11 +105,7 @@ def base_manifest(model: Any, fmt: str, sha256: str) -> dict[str, Any]:
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
-    path = directory / MANIFEST
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(directory / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 from zoo.catalog import DEFAULT_REVISION, bundled_dir, catalog_path, sha256_file
 from zoo.checkpoint import CARD_FILE, CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, WEIGHTS_FILE
 from zoo.errors import ConfigError
+from zoo.files import write_atomic
 from zoo.tools import PACKAGE_DIR, REPO
 
 RELEASE_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
@@ -71,9 +73,7 @@ def update_catalog(path: Path, change: Callable[[dict[str, Any]], None]) -> dict
     cat = read_catalog(path)
     change(cat)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(cat, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(cat, indent=2) + "\n")
     return cat
 
 
@@ -414,25 +414,43 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         for name in args.refresh:  # every model's files checked before any card is rewritten
             _refresh_plan(name, *places)
         for name in args.refresh:
-            pinned = json.loads(places[0].read_text())["models"][name]["files"]["README.md"]["sha256"]
+            pinned = json.loads(places[0].read_text())["models"][name]
             entry = refresh(name)
-            if entry["files"]["README.md"]["sha256"] == pinned:
-                print(f"refreshed {name}: card {entry['card']} unchanged, catalogue entry rebuilt")
-                continue
-            print(f"refreshed {name}: card {entry['card']} rebuilt; its README.md hash changed, so a release "
-                  f"already on the Hub as {entry['repo_id']}@{entry['revision']} no longer matches the catalogue "
-                  f"(a tag is never moved): publish it as a new release, `zoo publish {name} --tag NEW_TAG`")
+            changed = stale_release(pinned, entry)
+            print(f"refreshed {name}: card {entry['card']} " + (f"rebuilt; {changed}" if changed else
+                                                                 "unchanged, catalogue entry rebuilt"))
         return 0
     if not args.run_dir:
         raise UsageError("give a run directory (made by `zoo train`), --retire NAME, --refresh NAME, or "
                          "--readme-table")
+    before = read_catalog(catalog_path())["models"]
     entry = bundle(args.run_dir, args.name, default=args.default, figures=args.figure or [],
                    recipe_path=args.recipe, repo_id=args.repo_id, revision=args.revision,
                    license=args.license or "mit")
     m = entry["metrics"]
-    print(f"bundled {Path(entry['directory']).name} -> {entry['directory']} ({len(entry['files'])} files); "
+    name = Path(entry["directory"]).name
+    print(f"bundled {name} -> {entry['directory']} ({len(entry['files'])} files); "
           f"card {entry['card']}; valid {m['metric']} {m['valid']:.4f}, test {m['test']:.4f}")
+    if name in before and (changed := stale_release(before[name], entry)):
+        print(f"note: {changed}", file=sys.stderr)
     return 0
+
+
+def stale_release(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """What to tell the user when a model's files changed under the same Hub release (a re-bundle or a refresh
+    keeps the repo and revision): a release tag is never moved, so one already published at that revision no
+    longer matches the catalogue's pinned hashes and must be published again under a new tag. None if no file
+    changed or the revision did."""
+    if old.get("revision") != new["revision"] or old.get("repo_id") != new["repo_id"]:
+        return None
+    files_old, files_new = old.get("files", {}), new["files"]
+    changed = sorted(f for f in files_old.keys() | files_new.keys()
+                     if (files_old.get(f) or {}).get("sha256") != (files_new.get(f) or {}).get("sha256"))
+    if not changed:
+        return None
+    return (f"the hashes of {', '.join(changed)} changed, so a release already on the Hub as "
+            f"{new['repo_id']}@{new['revision']} no longer matches the catalogue (a tag is never moved): publish "
+            f"it as a new release, `zoo publish {Path(new['directory']).name} --tag NEW_TAG`")
 
 
 def add_cli(subparsers) -> None:

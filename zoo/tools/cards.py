@@ -337,7 +337,7 @@ def comparison_section(report: dict[str, Any], run_name: str) -> str:
              f"This run is the `{role}` of the tier"
              + (" (chosen on validation among its sweep)." if chosen == run_name else
                 f" (a sweep point; `{chosen}` was chosen on validation)." if chosen else ".")
-             + f" Full table: `model_cards/tiers/{report['tier']}.md` (generated {report['generated']}).\n"]
+             + f" Full table: `model_cards/tiers/{report['tier']}.md`.\n"]
     rows = [f"| {c['source']} | {({True: 'met', False: 'not met', None: 'pending'})[c['met']]} | {c['detail']} |"
             for c in report["claims"] if role in (c["model"], c.get("baseline"))]
     if rows:

@@ -24,11 +24,11 @@ import argparse
 import json
 import math
 import sys
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from zoo.files import write_atomic
 from zoo.tools import REPO
 from zoo.tools.cards import has_numbers, primary_metric, release_metrics, short_device
 
@@ -270,10 +270,10 @@ def compare(tier_name: str, runs_dir: Path, tiers: dict[str, Any] | None = None,
     budget = {"min": min(params), "max": max(params), "spread": max(params) / min(params) - 1,
               "tolerance": tier["param_tolerance"]} if params else None
     if budget:
-        budget["met"] = budget["spread"] <= 2 * budget["tolerance"]  # every model within +-tol of the midpoint
+        # "within 5% of each other": the largest at most 5% above the smallest (so every pair within 5%)
+        budget["met"] = budget["spread"] <= budget["tolerance"] + 1e-12
     return {"tier": tier_name, "title": tier["title"], "dataset": tier["dataset"], "metric": metric,
             "curve": tier.get("curve", "time"), "note": tier.get("note"),
-            "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "roles": roles,
             "param_budget": budget, "claims": [_pending(c, undecided) or check_claim(c, chosen, metric)
                                                 for c in tier.get("claims", [])]}
@@ -326,8 +326,8 @@ def markdown(report: dict[str, Any]) -> str:
     b = report["param_budget"]
     if b:
         lines += ["", f"Parameter budget of the chosen runs: {b['min']:,} to {b['max']:,} "
-                      f"({100 * b['spread']:.1f}% spread; {'within' if b['met'] else 'OUTSIDE'} "
-                      f"+-{100 * b['tolerance']:.0f}%)."]
+                      f"(the largest {100 * b['spread']:.1f}% above the smallest; "
+                      f"{'within' if b['met'] else 'OUTSIDE'} the tier's {100 * b['tolerance']:.0f}%)."]
     if report.get("note"):
         counts = {r.get("test_tokens") for info in report["roles"].values() for r in info["sweep"]
                   if r["run"] == info["chosen"]} - {None}
@@ -373,8 +373,8 @@ def write(report: dict[str, Any], out_dir: Path, figure_dir: Path) -> list[Path]
     out_dir.mkdir(parents=True, exist_ok=True)
     name = report["tier"]
     paths = [out_dir / f"{name}.json", out_dir / f"{name}.md"]
-    paths[0].write_text(json.dumps(report, indent=2) + "\n")
-    paths[1].write_text(markdown(report))
+    write_atomic(paths[0], json.dumps(report, indent=2) + "\n")
+    write_atomic(paths[1], markdown(report))
     shown = [r for info in report["roles"].values() for r in info["sweep"] if r["status"] != "missing"]
     if shown:
         from zoo.tools.plots import plot_curves
