@@ -39,6 +39,11 @@ def test_tokenizer_json_gives_the_zoo_ids_on_the_corpus_splits(name):
     if not zoo_tok.is_char:  # a word model's corpus line is also valid raw text: the zoo tokenizer agrees
         line = path.read_text(encoding="utf-8").splitlines()[3]
         assert hf.encode(line).ids == zoo_tok.encode(line).ids
+    else:  # a character outside the alphabet: the zoo spells it < u n k >, and so does the file (it made
+        # tokenizers fail: WordLevel's unk_token is not in a character vocabulary)
+        for raw, spelled in (("café au lait", "c a f é _ a u _ l a i t"), ("a😀b \\ x", "a _ 😀 _ b _ \\ _ x")):
+            assert hf.encode(spelled).ids == zoo_tok.encode(raw).ids, raw
+        assert hf.decode(hf.encode("c a f é").ids) == "caf<unk>"
 
 
 def test_every_bundled_model_ships_one_matching_its_vocab():

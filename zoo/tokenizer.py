@@ -100,9 +100,18 @@ class Tokenizer:
         decoder = ({"type": "Sequence", "decoders": [
             {"type": "Fuse"}, {"type": "Replace", "pattern": {"String": "_"}, "content": " "}]}
             if self.is_char else None)
+        normalizer = None
+        if self.is_char and UNK not in self.index and all(ch in self.index for ch in UNK):
+            # A character vocabulary has no <unk> symbol: the zoo spells a character outside the alphabet as the
+            # corpus spells an unknown word, < u n k >, and so does this file (WordLevel's unk_token, absent
+            # from the vocabulary, would make tokenizers fail instead). Every character as \x{HEX}: no escaping
+            # rules of the regex engine to get wrong.
+            alphabet = "".join(f"\\x{{{ord(s):x}}}" for s in sorted(self.index) if len(s) == 1)
+            normalizer = {"type": "Replace", "pattern": {"Regex": f"[^{alphabet}\\s]"},
+                          "content": " " + " ".join(UNK) + " "}
         return {
             "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-            "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "normalizer": normalizer, "pre_tokenizer": {"type": "WhitespaceSplit"},
             "post_processor": {
                 "type": "TemplateProcessing",
                 "single": [{"Sequence": {"id": "A", "type_id": 0}}, eos],

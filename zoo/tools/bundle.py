@@ -416,9 +416,10 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         for name in args.refresh:
             pinned = json.loads(places[0].read_text())["models"][name]
             entry = refresh(name)
+            card = "rebuilt" if entry["files"]["README.md"] != pinned["files"].get("README.md") else "unchanged"
             changed = stale_release(pinned, entry)
-            print(f"refreshed {name}: card {entry['card']} " + (f"rebuilt; {changed}" if changed else
-                                                                 "unchanged, catalogue entry rebuilt"))
+            print(f"refreshed {name}: card {entry['card']} {card}, catalogue entry rebuilt"
+                  + (f"; {changed}" if changed else ""))
         return 0
     if not args.run_dir:
         raise UsageError("give a run directory (made by `zoo train`), --retire NAME, --refresh NAME, or "
