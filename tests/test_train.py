@@ -286,9 +286,11 @@ def test_torchrun_two_processes_match_one_process(tmp_path, tiny_data):
 
 def test_torchrun_stop_and_resume_restores_every_ranks_carried_state(tmp_path, kill_data):
     """Under torchrun each rank trains its own columns of the batch and carries its own hidden state. A SIGTERM
-    mid-epoch stops both ranks at the same step (they agree after every step), the checkpoint keeps each rank's
-    carried state, and the resumed run ends with exactly the uninterrupted run's weights (before, every rank
-    resumed from rank 0's state, and the weights differed). Resuming in another number of processes is refused."""
+    to one rank mid-epoch (the test hook signals the last rank only) stops both ranks at the same step (they agree
+    after every step), rank 0 writes the stop checkpoint before any rank exits (no periodic checkpoint here: step
+    8 is the stop's), the checkpoint keeps each rank's carried state, and the resumed run ends with exactly the
+    uninterrupted run's weights (before, every rank resumed from rank 0's state, and the weights differed).
+    Resuming in another number of processes is refused."""
     recipe = write_recipe(tmp_path / "r.toml", arch="lstm", optimizer="sgd", epochs=1, dropout=0.0,
                           extra_train="variable_bptt = false\nlr_decay = 1.0").read_text()
     (tmp_path / "r2.toml").write_text(recipe.replace("variable_bptt = true\n", "").replace("lr = 0.003", "lr = 1.0"))
@@ -307,6 +309,8 @@ def test_torchrun_stop_and_resume_restores_every_ranks_carried_state(tmp_path, k
     meta = json.loads((tmp_path / "b" / "checkpoint" / "meta.json").read_text())
     saved = load_file(str(tmp_path / "b" / "checkpoint" / "state.safetensors"))
     assert meta["step"] == 8 and meta["world_size"] == 2
+    log = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert [(r["signal"], r["step"]) for r in log if r.get("event") == "interrupted"] == [("SIGTERM", 8)]
     assert any(k.startswith("carry.rank1.") for k in saved)
     assert not torch.equal(saved["carry.0"], saved["carry.rank1.0"])  # the ranks' states are their own
     alone = zoo("train", str(tmp_path / "r2.toml"), "--data-dir", str(kill_data), "--device", "cpu",

@@ -1,31 +1,47 @@
 """Atomic file writes, in one place.
 
 Why: a reader (a server loading a checkpoint, a resumed run, the README generator) must see a file's old bytes or
-its new ones, never half of either, whatever kills the writer midway: a crash, Ctrl-C, a full disk, SIGTERM at the
-end of a session. The bytes go to a sibling temporary file (named for the writing process, so two writers never
-share one) and ``os.replace`` swaps it in; on failure the temporary file is removed and the old file is untouched.
+its new ones, never half of either, whatever stops the writer midway: a crash, Ctrl-C, a full disk, SIGTERM at the
+end of a session. The bytes go to a new temporary file beside the target (``.NAME.XXXX.tmp``, unique per call) and
+``os.replace`` swaps it in; on failure the temporary file is removed and the old file is untouched. Only a process
+killed outright (SIGKILL, power cut) between the two can leave a temporary file: :func:`is_leftover` names those,
+so that nothing that lists a folder (bundling, publishing) ships one.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
 def write_atomic(path: Path | str, data: str | bytes, *, fsync: bool = False) -> Path:
-    """Write ``data`` (text is UTF-8) to ``path`` atomically. ``fsync`` flushes the bytes to disk before the swap:
-    for files that must survive a power cut (checkpoints), not for reports that can be regenerated."""
+    """Write ``data`` (text is UTF-8) to ``path`` atomically. ``fsync`` flushes the bytes and then the folder's
+    entry to disk: for files that must survive a power cut (checkpoints), not for reports that can be remade."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(raw)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # (mkstemp makes it 0600: the file is meant to be read like any other)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if fsync:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     return path
+
+
+def is_leftover(path: Path) -> bool:
+    """Whether ``path`` is a temporary file :func:`write_atomic` left behind when its process was killed."""
+    return path.name.startswith(".") and path.name.endswith(".tmp")

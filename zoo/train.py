@@ -470,8 +470,14 @@ class Trainer:
 
     def _check_finite(self) -> None:
         """Stop a run whose training loss has become NaN or infinite (it stays so: every later step and
-        checkpoint would be garbage), logging where, and keeping the last good checkpoint and best model."""
-        if math.isfinite(self.epoch_loss):
+        checkpoint would be garbage), logging where, and keeping the last good checkpoint and best model. Under
+        torchrun each rank sees only its own columns' loss: the ranks agree, so all stop (and rank 0 logs)."""
+        finite = math.isfinite(self.epoch_loss)
+        if self.world > 1:
+            flag = torch.tensor([int(finite)], dtype=torch.int64, device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            finite = bool(flag[0])
+        if finite:
             return
         self._log_line({"event": "diverged", "epoch": self.epoch, "pos": self.pos, "step": self.step,
                         "lr": self.lr})
@@ -490,7 +496,7 @@ class Trainer:
         meta = json.loads((ckpt / "meta.json").read_text())
         self._check_same_recipe(meta.get("recipe"))
         saved_world = meta.get("world_size")  # (not recorded before per-rank carried states were saved)
-        if saved_world is not None and saved_world != self.world:
+        if saved_world is not None and saved_world != self.world and meta["epoch"] <= self.cfg.epochs:
             how = f"torchrun --nproc-per-node {saved_world}" if saved_world > 1 else "one process, no torchrun"
             raise ConfigError(f"{ckpt} was written by {saved_world} process(es) and this run has {self.world}: "
                               f"each process trains its own columns of the batch with its own carried state, so "
@@ -763,40 +769,48 @@ class Trainer:
                 now = time.time()
                 due = (self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0) or \
                     now - last_ckpt > cfg.checkpoint_minutes * 60
-                if self.crash_after_steps and steps_since_start == self.crash_after_steps:
+                # test hook (before the decisions below, so a signal it sends is acted on at this step; under
+                # torchrun only the last rank signals itself: the others learn of the stop from the agreement)
+                if self.crash_after_steps and steps_since_start == self.crash_after_steps and \
+                        self.rank == self.world - 1:
                     os.kill(os.getpid(), self.crash_signal)
-                due, self._stop_signal = self._agree(bool(due) and self.pos < total, self._stop_signal)
-                if due and not self._stop_signal:  # (a stop writes its own checkpoint just below)
+                # the decisions every rank must share; the handler's flag is only read here, never overwritten (a
+                # signal arriving after this point is acted on at the next step)
+                due, stop = self._agree(bool(due) and self.pos < total, self._stop_signal)
+                if due and not stop:  # (a stop writes its own checkpoint just below)
                     self.epoch_seconds += now - t0
                     t0 = now
                     self.elapsed = now - start_wall
                     self.save_training_checkpoint()
                     last_ckpt = now
-                if self._stop_signal:
+                if stop:
                     self.epoch_seconds += time.time() - t0
                     self.elapsed = time.time() - start_wall
                     self.save_training_checkpoint()
-                    self._log_line({"event": "interrupted", "signal": signal.Signals(self._stop_signal).name,
+                    self._log_line({"event": "interrupted", "signal": signal.Signals(stop).name,
                                     "epoch": self.epoch, "pos": self.pos, "step": self.step})
                     bar.close()
-                    raise Interrupted(self._stop_signal, self.ckpt_dir)
+                    if self.world > 1:  # no rank exits before rank 0 has written: torchrun answers a rank's exit
+                        dist.barrier()  # by sending SIGTERM to the others
+                    raise Interrupted(stop, self.ckpt_dir)
             bar.close()
             self.epoch_seconds += time.time() - t0
             self._end_epoch()
             self.elapsed = time.time() - start_wall
             self.save_training_checkpoint()
             last_ckpt = time.time()
-            if cfg.max_minutes and self.elapsed > cfg.max_minutes * 60 and self.epoch <= cfg.epochs:
+            over, _ = self._agree(bool(cfg.max_minutes) and self.elapsed > cfg.max_minutes * 60, 0)  # (own clocks)
+            if over and self.epoch <= cfg.epochs:
                 self._log_line({"event": "budget_stop", "epoch": self.epoch - 1, "elapsed": self.elapsed})
                 break
         self._check_ranks_in_sync()
         return self.finish()
 
     def _agree(self, due: bool, stop_signal: int) -> tuple[bool, int]:
-        """Under torchrun, make every rank take the same decision after a step: checkpoint now (the wall-clock
-        trigger fires on each rank's own clock) and stop now (a signal reaches the ranks at different steps).
-        Saving gathers every rank's carried state, so a rank that saved or stopped alone would wait forever on
-        the others. One small all-reduce per step (max over ranks); a single process decides alone."""
+        """Under torchrun, make every rank take the same decision: checkpoint now (the wall-clock trigger fires
+        on each rank's own clock), stop now (a signal reaches the ranks at different steps), stop for the time
+        budget. Saving gathers every rank's carried state, so a rank that saved or stopped alone would wait
+        forever on the others. One small all-reduce (max over ranks); a single process decides alone."""
         if self.world < 2:
             return due, stop_signal
         flags = torch.tensor([int(due), int(stop_signal)], dtype=torch.int64, device=self.device)

@@ -29,7 +29,7 @@ from typing import Any
 from zoo.catalog import DEFAULT_REVISION, bundled_dir, catalog_path, sha256_file
 from zoo.checkpoint import CARD_FILE, CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, WEIGHTS_FILE
 from zoo.errors import ConfigError
-from zoo.files import write_atomic
+from zoo.files import is_leftover, write_atomic
 from zoo.tools import PACKAGE_DIR, REPO
 
 RELEASE_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
@@ -43,10 +43,11 @@ class BundleError(ConfigError):
 
 
 def file_records(directory: Path) -> dict[str, dict[str, Any]]:
-    """``{relative path: {sha256, size}}`` for every file under ``directory`` (POSIX paths, sorted)."""
+    """``{relative path: {sha256, size}}`` for every file under ``directory`` (POSIX paths, sorted), but a
+    temporary file an interrupted write left (:func:`zoo.files.is_leftover`)."""
     out = {}
     for p in sorted(directory.rglob("*")):
-        if p.is_file():
+        if p.is_file() and not is_leftover(p):
             out[p.relative_to(directory).as_posix()] = {"sha256": sha256_file(p), "size": p.stat().st_size}
     return out
 

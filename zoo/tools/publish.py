@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from zoo.catalog import DEFAULT_REVISION, Release, bundled_dir, canonical_name, catalog, catalog_path, sha256_file
 from zoo.errors import ConfigError, HubError, ModelNotFoundError
 from zoo.export.common import read_manifest
+from zoo.files import is_leftover
 from zoo.hub import EXPORT_FOLDERS, _reason, hub_endpoint, verify_files
 from zoo.tools import REPO
 from zoo.tools.bundle import update_catalog
@@ -32,7 +33,10 @@ class Upload:
 
 
 def _export_path(rel: Path) -> str | None:
-    """Where an export file goes in the repo: ``onnx/...`` or ``torchscript/...`` (``None``: not an export)."""
+    """Where an export file goes in the repo: ``onnx/...`` or ``torchscript/...`` (``None``: not an export, or a
+    temporary file an interrupted write left)."""
+    if is_leftover(rel):
+        return None
     if rel.parts[0] in EXPORT_FOLDERS:
         return rel.as_posix()
     name = rel.name.lower()
