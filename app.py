@@ -31,6 +31,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+
+def _check_port_env() -> None:
+    """gradio reads $GRADIO_SERVER_PORT as it is imported, and a non-number there was a traceback from inside
+    ``import gradio``: checked first, one line, exit 2 (only when run as the demo, not when imported)."""
+    value = os.environ.get("GRADIO_SERVER_PORT", "").strip()
+    if value and not (value.isdigit() and 0 < int(value) < 65536):
+        print(f"app.py: error: GRADIO_SERVER_PORT must be a port number in 1..65535, got {value!r}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    _check_port_env()
+
 import gradio as gr  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 

@@ -467,3 +467,13 @@ def test_the_comparison_table_says_what_is_comparable():
     rows = _summary_md([dict(base, model="a"), dict(base, model="b", num_dropped=3, tokens=["x"])], None, "")
     assert "not comparable: they dropped different characters" in rows
     assert "the models tokenise differently, not comparable" in rows
+
+
+@pytest.mark.parametrize("value", ["x", "70000"])
+def test_a_bad_port_in_the_environment_is_one_line(value):
+    """gradio reads $GRADIO_SERVER_PORT while it is imported: the demo checks it first (it was a traceback from
+    inside `import gradio` for 'x', and a message naming --port for 70000)."""
+    proc = subprocess.run([sys.executable, "app.py"], capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env={**os.environ, "GRADIO_SERVER_PORT": value})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"GRADIO_SERVER_PORT must be a port number in 1..65535, got '{value}'" in proc.stderr

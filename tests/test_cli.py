@@ -114,6 +114,23 @@ def test_info(capsys, tiny_checkpoint):
      "--epochs must be a positive integer, got -1"),
     (["train", "lstm-ptb-zaremba-small", "--max-minutes", "-5", "--run-dir", "{missing}"],
      "--max-minutes must be at least 0"),
+    (["train", "lstm-ptb-zaremba-small", "--max-minutes", "nan", "--run-dir", "{missing}"],
+     "--max-minutes must be at least 0, got nan"),
+    # argparse's own errors are one line too (it printed its usage block before the message)
+    (["score", "{ckpt}", "--text", "x", "--batch-size", "abc"], "zoo score: error: argument --batch-size: invalid"),
+    (["eval", "{ckpt}", "--split", "foo"], "invalid choice: 'foo'"),
+    ([], "zoo: error: the following arguments are required: command (see `zoo --help`)"),
+    (["train", "lstm-ptb-zaremba-small", "--device", "foo", "--run-dir", "{missing}"], "--device 'foo' is not a"),
+    (["export", "{ckpt}", "--out", "{binary}"], "is a file, not a folder"),
+    (["score", "{ckpt}", "--text", "x", "--dynamic-lr", "0.1"], "--dynamic-lr applies only with --dynamic"),
+    (["eval", "{ckpt}", "--dynamic", "--bptt", "5"], "--bptt do not apply with --dynamic"),
+    (["eval", "{ckpt}", "--dynamic", "--backend", "onnx"], "--dynamic runs on the eager backend in fp32"),
+    (["score", "{ckpt}", "--text", "x", "--dynamic", "--dynamic-stats-tokens", "1400"],
+     "stats_tokens must be at least 1,420"),
+    (["serve", "start", "--inference-port", "70000", "--run-dir", "{missing}"], "a port is in 1..65535, got 70000"),
+    (["serve", "start", "--timeout", "nan", "--run-dir", "{missing}"], "--timeout: must be positive, got nan"),
+    (["serve", "start", "--host", "no-such-host.invalid", "--run-dir", "{missing}"], "is not an address"),
+    (["serve", "start", "--workers", "0", "--run-dir", "{missing}"], "--workers must be >= 1"),
     (["train", "{bad_toml}", "--run-dir", "{missing}"], "not a valid TOML recipe"),
     (["train", "{no_model}", "--run-dir", "{missing}"], "invalid recipe (KeyError: 'model')"),
     (["train", "{bad_field}", "--run-dir", "{missing}"], "invalid recipe (TypeError"),
@@ -173,3 +190,25 @@ def test_zoo_eval_defaults_reproduce_the_card(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "zoo.cli", "eval", "default", "--batch-size", "0"],
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.strip() == "zoo: error: --batch-size must be a positive integer, got 0"
+
+
+def test_export_without_the_onnx_toolchain_names_the_extra(capsys, monkeypatch, tiny_checkpoint, tmp_path):
+    """A plain install has no ONNX toolchain: `zoo export --format onnx` says which extra to install, before the
+    model loads (it was a ModuleNotFoundError traceback from inside the exporter)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
+    code, _, err = run(capsys, "export", str(tiny_checkpoint), "--format", "onnx", "--out", str(tmp_path / "x"))
+    assert code == 2 and "needs onnxscript: pip install 'alstm-zoo[export]'" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_broken_catalogue_is_one_line(capsys, monkeypatch, tmp_path):
+    """$ZOO_CATALOG naming a file that is not JSON, or a folder: one line naming it (a JSONDecodeError traceback
+    before)."""
+    (tmp_path / "essay.txt").write_text("not json")
+    for path, message in ((tmp_path / "essay.txt", "is not valid JSON"), (tmp_path, "is a folder")):
+        monkeypatch.setenv("ZOO_CATALOG", str(path))
+        code, _, err = run(capsys, "list")
+        assert code == 2 and message in err and str(path) in err and err.count("\n") == 1, err

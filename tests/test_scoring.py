@@ -137,3 +137,17 @@ def test_warnings_flag_text_the_model_does_not_know(tiny_checkpoint):
     share = report.corpus["num_unk"] / report.corpus["num_tokens"]
     assert (report.corpus["warnings"] != []) == (share > UNK_SHARE_WARNING)
     assert "warnings" in report.to_dict()["texts"][1]
+
+
+def test_a_character_model_warns_when_its_alphabet_does_not_cover_the_text():
+    """A character model spells an unknown character as the five symbols of <unk>, so the unknown share is taken
+    of the input's characters: 10 unknown of 12 warns (taken of the 51 scored symbols, no share could ever pass a
+    fifth, and the warning never fired)."""
+    import zoo
+
+    model = zoo.load("pnorm-gru-ptbchar-sent-p1")
+    res = model.score("éééééééééé ab")[0]
+    assert res["num_unk"] == 10 and res["num_tokens"] > 50
+    (warning,) = res["warnings"]
+    assert "10 of 12 characters (83%) are outside the model's alphabet" in warning
+    assert model.score("the cat sat on the mat")[0]["warnings"] == []

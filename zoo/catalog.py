@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.checkpoint import REQUIRED_FILES as CHECKPOINT_FILES  # noqa: F401 (used by zoo.hub)
-from zoo.errors import HubError, ModelNotFoundError
+from zoo.errors import ConfigError, HubError, ModelNotFoundError
 
 CATALOG_FILE = Path(__file__).resolve().parent / "catalog.json"
 #: The revision a catalogue entry without one is published under.
@@ -49,9 +49,17 @@ def _catalog_cached(path: str, mtime_ns: int) -> dict[str, Any]:
 def catalog() -> dict[str, Any]:
     """The catalogue of pretrained models (``zoo/catalog.json`` or ``$ZOO_CATALOG``)."""
     path = catalog_path()
-    if not path.is_file():
+    if path.is_dir():
+        raise ConfigError(f"the catalogue {path} is a folder (ZOO_CATALOG names a catalog.json file)")
+    if not path.is_file():  # (a package being bundled into for the first time has none yet)
         return {"default": None, "models": {}}
-    return _catalog_cached(str(path), path.stat().st_mtime_ns)
+    try:
+        cat = _catalog_cached(str(path), path.stat().st_mtime_ns)
+    except (ValueError, UnicodeDecodeError) as e:  # (JSONDecodeError is a ValueError)
+        raise ConfigError(f"the catalogue {path} is not valid JSON: {e}") from None
+    if not isinstance(cat, dict) or not isinstance(cat.get("models", {}), dict):
+        raise ConfigError(f"the catalogue {path} is not a catalogue (a JSON object with a \"models\" object)")
+    return cat
 
 
 def canonical_name(name: str) -> str:

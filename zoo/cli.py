@@ -14,7 +14,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from zoo.backends import backend_names
 from zoo.datasets import dataset_names
@@ -133,7 +133,7 @@ def _require(args: argparse.Namespace, positive: tuple[str, ...] = (), non_negat
     for flags, low, what in ((positive, 1, "a positive integer"), (non_negative, 0, "at least 0")):
         for flag in flags:
             value = getattr(args, flag.lstrip("-").replace("-", "_"))
-            if value is not None and value < low:
+            if value is not None and not (math.isfinite(value) and value >= low):  # (NaN compares false)
                 raise UsageError(f"{flag} must be {what}, got {value}")
 
 
@@ -148,9 +148,10 @@ def cmd_score(args: argparse.Namespace) -> int:
     # with --per-line an error names the file's line
     texts = [check_text(lines[i], f"line {i + 1}")[0] for i in keep] if args.per_line else \
         list(parse_score({"texts": [lines[i] for i in keep]}, CLI_LIMITS).texts)
+    dynamic = _dynamic(args)
     model = _load(args)
     report = model.score(texts, return_tokens=args.tokens, batch_size=args.batch_size, progress=True,
-                         dynamic=_dynamic(args))
+                         dynamic=dynamic)
     by_line = dict(zip(keep, report.texts, strict=True))
     if args.json:  # one object per text; with --per-line one per input line, numbered from 1 (strict JSON:
         for i in range(len(lines)) if args.per_line else keep:  # an infinite perplexity is null, as over HTTP)
@@ -198,9 +199,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     _require(args, positive=("--batch-size", "--bptt"))
+    dynamic = _dynamic(args, stream_flags=("batch_size", "bptt"))
     model = _load(args)
     res = model.evaluate(args.dataset, args.split, data_dir=args.data_dir, batch_size=args.batch_size,
-                         bptt=args.bptt, dynamic=_dynamic(args))
+                         bptt=args.bptt, dynamic=dynamic)
     res["model"] = model.name
     if args.json:
         from zoo.service import to_json
@@ -329,25 +331,43 @@ def _dynamic_options(sp: argparse.ArgumentParser) -> None:
 
     sp.add_argument("--dynamic", action="store_true", help="dynamic evaluation: the weights adapt to the text "
                     "segment by segment, each segment scored before the step that uses it (zoo/dynamic.py)")
-    sp.add_argument("--dynamic-segment", type=int, default=DEFAULTS.segment, help="tokens per update")
-    sp.add_argument("--dynamic-lr", type=float, default=DEFAULTS.lr, help="step size")
-    sp.add_argument("--dynamic-decay", type=float, default=DEFAULTS.decay, help="decay towards the trained weights")
-    sp.add_argument("--dynamic-rule", choices=RULES, default=DEFAULTS.rule,
+    # (defaults None: a --dynamic-* option given without --dynamic is refused, not silently ignored)
+    sp.add_argument("--dynamic-segment", type=int, help=f"tokens per update (default {DEFAULTS.segment})")
+    sp.add_argument("--dynamic-lr", type=float, help=f"step size (default {DEFAULTS.lr})")
+    sp.add_argument("--dynamic-decay", type=float,
+                    help=f"decay towards the trained weights (default {DEFAULTS.decay})")
+    sp.add_argument("--dynamic-rule", choices=RULES,
                     help="update rule: 'rms' divides the step by the RMS of the model's gradients on its training "
-                    "split (computed on first use: needs the dataset) and scales the decay by it; 'sgd' is plain")
-    sp.add_argument("--dynamic-eps", type=float, default=DEFAULTS.eps, help="epsilon of the 'rms' rule")
-    sp.add_argument("--dynamic-stats-tokens", type=int, default=DEFAULTS.stats_tokens,
-                    help="training tokens the 'rms' rule's gradient statistics are collected over")
+                    "split (computed on first use: needs the dataset) and scales the decay by it; 'sgd' is plain "
+                    f"(default {DEFAULTS.rule})")
+    sp.add_argument("--dynamic-eps", type=float, help=f"epsilon of the 'rms' rule (default {DEFAULTS.eps})")
+    sp.add_argument("--dynamic-stats-tokens", type=int,
+                    help="training tokens the 'rms' rule's gradient statistics are collected over (default "
+                    f"{DEFAULTS.stats_tokens:,}; at least {DEFAULTS.stats_batch * (DEFAULTS.stats_bptt + 1):,})")
 
 
-def _dynamic(args: argparse.Namespace):
-    from zoo.dynamic import DynamicParams
+def _dynamic(args: argparse.Namespace, stream_flags: tuple[str, ...] = ()):
+    """The dynamic-evaluation settings, checked before the model loads (an ONNX backend would be exported first).
+    ``stream_flags``: options of the static protocol that dynamic evaluation replaces (refused with it)."""
+    from zoo.dynamic import DEFAULTS, DynamicParams
 
+    given = {k: v for k in ("segment", "lr", "decay", "rule", "eps", "stats_tokens")
+             if (v := getattr(args, f"dynamic_{k}")) is not None}
     if not args.dynamic:
+        if given:
+            raise UsageError(f"{', '.join('--dynamic-' + k.replace('_', '-') for k in given)} "
+                             f"appl{'ies' if len(given) == 1 else 'y'} only with --dynamic")
         return False
+    if args.backend != "eager" or args.precision != "fp32":
+        raise UsageError("--dynamic runs on the eager backend in fp32 (it takes gradient steps): drop --backend "
+                         "and --precision")
+    fixed = [f for f in stream_flags if getattr(args, f, None) is not None]
+    if fixed:
+        raise UsageError(f"{' and '.join('--' + f.replace('_', '-') for f in fixed)} do not apply with --dynamic "
+                         "(it scores one stream, batch 1, in --dynamic-segment pieces)")
     try:
-        return DynamicParams(segment=args.dynamic_segment, lr=args.dynamic_lr, decay=args.dynamic_decay,
-                             rule=args.dynamic_rule, eps=args.dynamic_eps, stats_tokens=args.dynamic_stats_tokens)
+        return DynamicParams(**{k: given.get(k, getattr(DEFAULTS, k))
+                                for k in ("segment", "lr", "decay", "rule", "eps", "stats_tokens")})
     except ValueError as e:
         raise UsageError(f"--dynamic: {e}") from None
 
@@ -382,9 +402,18 @@ def cmd_build_ext(args: argparse.Namespace) -> int:
 
 
 # -- parser --------------------------------------------------------------------------------------------------
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (exit 2) like every other error of the CLI: the usage block it
+    prints by default buries the message, and scripts reading stderr get one line to show. The subcommands'
+    parsers are of this class too (``add_subparsers`` makes them with the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zoo", description="Adaptive-parameterization language models: "
-                                "pretrained weights, scoring, generation, training.")
+    p = OneLineParser(prog="zoo", description="Adaptive-parameterization language models: "
+                      "pretrained weights, scoring, generation, training.")
     sub = p.add_subparsers(dest="command", required=True)
 
     def model_cmd(name: str, help_: str) -> argparse.ArgumentParser:
@@ -461,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data-dir")
     sp.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     sp.add_argument("--epochs", type=int, help="override the recipe's epoch count")
-    sp.add_argument("--max-minutes", type=float, help="stop cleanly at the first epoch end past this budget")
+    sp.add_argument("--max-minutes", type=float, help="stop cleanly at the first epoch end past this budget "
+                    "(minutes of training; 0: no budget, also cancelling a recipe's own)")
     sp.add_argument("--precision", choices=list(PRECISIONS),
                     help="compute precision of training (default: the recipe's, else fp32); bf16 is mixed "
                          "precision with float32 weights and checkpoints (see zoo/precision.py)")

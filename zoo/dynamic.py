@@ -92,8 +92,9 @@ class DynamicParams:
         if self.rule == "rms" and self.eps == 0:
             raise ConfigError("eps must be > 0 with rule 'rms' (it divides by R + eps)")
         if self.rule == "rms" and self.stats_tokens < self.stats_batch * (self.stats_bptt + 1):
-            raise ConfigError(f"stats_tokens must cover at least one {self.stats_batch} x {self.stats_bptt} "
-                             f"mini-batch, got {self.stats_tokens}")
+            need = self.stats_batch * (self.stats_bptt + 1)  # (each row's inputs and its shifted targets)
+            raise ConfigError(f"stats_tokens must be at least {need:,} (one {self.stats_batch} x {self.stats_bptt} "
+                              f"mini-batch and its targets), got {self.stats_tokens}")
 
     @property
     def needs_stats(self) -> bool:

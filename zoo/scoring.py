@@ -168,10 +168,13 @@ def warnings_for(res: dict[str, Any], tokenizer: Tokenizer) -> list[str]:
     """Where the number misleads: a high share of ``<unk>`` / out-of-alphabet tokens, or of input characters the
     normalisation dropped (both over :data:`UNK_SHARE_WARNING`)."""
     out = []
-    n, unk = res["num_tokens"], res["num_unk"]
+    unk = res["num_unk"]
+    # a character model spells an unknown character as the five symbols of <unk>: its share is one of the input's
+    # characters, not of the scored symbols (of which it could never pass a fifth)
+    n, unit, what = ((res.get("num_visible_chars", 0), "characters", "outside the model's alphabet")
+                     if tokenizer.is_char else (res["num_tokens"], "tokens", "<unk> (unknown to the model)"))
     if n and unk / n > UNK_SHARE_WARNING:
-        what = "characters outside the model's alphabet" if tokenizer.is_char else "<unk> (unknown to the model)"
-        out.append(f"{unk} of {n} tokens ({unk / n:.0%}) are {what}: above {UNK_SHARE_WARNING:.0%}, the text is "
+        out.append(f"{unk} of {n} {unit} ({unk / n:.0%}) are {what}: above {UNK_SHARE_WARNING:.0%}, the text is "
                    "largely outside what the model was trained on and its perplexity means little")
     dropped, visible = res.get("num_dropped", 0), res.get("num_visible_chars", 0)
     if visible and dropped / visible > UNK_SHARE_WARNING:

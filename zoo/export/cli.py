@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -21,6 +22,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     formats = FORMATS if args.format == "all" else (args.format,)
     if args.quantize and "onnx" not in formats:
         print("zoo: error: --quantize int8 applies to the ONNX graphs (use --format onnx or all)", file=sys.stderr)
+        return 2
+    if "onnx" in formats:  # before the model loads: a plain install has no ONNX toolchain
+        missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
+        if missing:
+            print(f"zoo: error: the ONNX export needs {', '.join(missing)}: pip install 'alstm-zoo[export]'",
+                  file=sys.stderr)
+            return 2
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"zoo: error: --out {args.out} is a file, not a folder", file=sys.stderr)
         return 2
     kwargs = {"revision": args.revision} if args.revision else {}
     model = zoo.load(args.model, **kwargs)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -632,7 +633,42 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 1..65535 (a bigger number raised OverflowError from inside ``bind``)."""
+    value = _number(int, text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"a port is in 1..65535, got {value}")
+    return value
+
+
+def _port_or_free(text: str) -> int:
+    """A port, or 0 for one the OS reports free at start."""
+    return 0 if _number(int, text) == 0 else _port(text)
+
+
+def _number(kind: type, text: str) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+
+
+def _positive(kind: type) -> Any:
+    """An argparse type: a positive (finite) ``kind``."""
+    def parse(text: str) -> int | float:
+        value = _number(kind, text)
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
 def cmd_start(args: argparse.Namespace) -> int:
+    try:  # before anything is built or moved: an unknown host name was a socket.gaierror traceback
+        socket.getaddrinfo(args.host, None)
+    except (socket.gaierror, UnicodeError) as e:
+        raise ServeError(f"--host {args.host!r} is not an address of this machine ({e})") from None
+    _options(args).validate()  # (start_server moves logs/ aside before the archives, which validate, are built)
     run_dir = run_dir_of(args.run_dir)
     models = [parse_model_spec(s) for s in args.model] if args.model else [("default", "default")]
     cfg = ServerConfig(host=args.host, inference_port=args.inference_port, management_port=args.management_port,
@@ -713,27 +749,31 @@ def add(subparsers) -> None:
     sp.add_argument("model", nargs="*", help="catalogue name, checkpoint dir, or NAME=SOURCE (default: default)")
     sp.add_argument("--run-dir", help=run_dir_help)
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    sp.add_argument("--inference-port", type=int, default=8080)
+    sp.add_argument("--inference-port", type=_port, default=8080, help="(default 8080)")
     sp.add_argument("--no-front-door", dest="front_door", action="store_false",
                     help="serve the inference port with TorchServe itself, without nginx in front (no read "
                          "timeouts, form bodies decoded by TorchServe, any method on /predictions)")
-    sp.add_argument("--client-timeout", type=int, default=ServerConfig.client_timeout,
-                    help="front door: seconds a client may take between two reads of its request")
-    sp.add_argument("--management-port", type=int, default=8081)
-    sp.add_argument("--metrics-port", type=int, default=8082)
-    sp.add_argument("--worker-port", type=int, help="base of the worker socket numbers (default: from the "
+    sp.add_argument("--client-timeout", type=_positive(int), default=ServerConfig.client_timeout,
+                    help="front door: seconds a client may take between two reads of its request (default "
+                         f"{ServerConfig.client_timeout})")
+    sp.add_argument("--management-port", type=_port, default=8081, help="(default 8081)")
+    sp.add_argument("--metrics-port", type=_port, default=8082, help="(default 8082)")
+    sp.add_argument("--worker-port", type=_port, help="base of the worker socket numbers (default: from the "
                     "inference port)")
-    sp.add_argument("--grpc-inference-port", type=int, default=0,
+    sp.add_argument("--grpc-inference-port", type=_port_or_free, default=0,
                     help="TorchServe's gRPC inference port, bound to --host (default: a free port)")
-    sp.add_argument("--grpc-management-port", type=int, default=0,
+    sp.add_argument("--grpc-management-port", type=_port_or_free, default=0,
                     help="TorchServe's gRPC management port, bound to --host (default: a free port)")
     sp.add_argument("--disable-token-auth", action="store_true",
                     help="turn token authorisation OFF (local demos only)")
     sp.add_argument("--enable-model-api", action="store_true",
                     help="allow registering/unregistering models over the management API (off by default)")
-    sp.add_argument("--max-request-bytes", type=int, default=ServerConfig.max_request_bytes)
-    sp.add_argument("--token-expiration-min", type=int, default=ServerConfig.token_expiration_min)
-    sp.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for /ping")
+    sp.add_argument("--max-request-bytes", type=_positive(int), default=ServerConfig.max_request_bytes,
+                    help=f"largest request body TorchServe accepts (default {ServerConfig.max_request_bytes:,})")
+    sp.add_argument("--token-expiration-min", type=_positive(int), default=ServerConfig.token_expiration_min,
+                    help=f"minutes an inference/management key lives (default {ServerConfig.token_expiration_min})")
+    sp.add_argument("--timeout", type=_positive(float), default=180.0,
+                    help="seconds to wait for /ping (default 180)")
     sp.add_argument("--no-build", action="store_true", help="serve the .mar files already in the model store")
     _archive_args(sp)
     sp.set_defaults(func=cmd_start)
