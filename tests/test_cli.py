@@ -59,6 +59,9 @@ def test_score_file_per_line_and_stdin(capsys, tiny_checkpoint, tmp_path):
     f.write_text("the cat\n\n\nthe\x00mat\n")  # an error names the file's line, not an index among the texts
     code, _, err = run(capsys, "score", str(tiny_checkpoint), str(f), "--per-line")
     assert code == 2 and "line 4 looks like binary data" in err and err.count("\n") == 1, err
+    f.write_bytes("\ufeffthe cat".encode())  # a byte-order mark (Windows editors write one) is not a character
+    code, out, _ = run(capsys, "score", str(tiny_checkpoint), str(f), "--json")
+    assert code == 0 and json.loads(out)["num_dropped"] == 0 and json.loads(out)["num_tokens"] == 3, out
     code, _, err = run(capsys, "score", str(tiny_checkpoint), "/dev/zero")  # endless: refused at its first MiB
     assert code == 2 and "/dev/zero looks like binary data" in err and err.count("\n") == 1, err
     proc = subprocess.run([sys.executable, "-m", "zoo.cli", "score", str(tiny_checkpoint), "-"], input=b"the mat",
@@ -122,6 +125,8 @@ def test_info(capsys, tiny_checkpoint):
     ([], "zoo: error: the following arguments are required: command (see `zoo --help`)"),
     (["train", "lstm-ptb-zaremba-small", "--device", "foo", "--run-dir", "{missing}"], "--device 'foo' is not a"),
     (["export", "{ckpt}", "--out", "{binary}"], "is a file, not a folder"),
+    (["score", "{ckpt}", "--text", "a", "--per-line"], "--per-line splits an input file"),
+    (["publish", "no-such-model", "--dry-run"], "unknown model 'no-such-model': publish takes a bundled"),
     (["score", "{ckpt}", "--text", "x", "--dynamic-lr", "0.1"], "--dynamic-lr applies only with --dynamic"),
     (["eval", "{ckpt}", "--dynamic", "--bptt", "5"], "--bptt do not apply with --dynamic"),
     (["eval", "{ckpt}", "--dynamic", "--backend", "onnx"], "--dynamic runs on the eager backend in fp32"),

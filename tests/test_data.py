@@ -30,7 +30,7 @@ def test_data_dir_resolution_order(tmp_path, monkeypatch):
     assert resolve_data_dir(tmp_path / "arg") == tmp_path / "arg"
     assert resolve_data_dir(None) == tmp_path / "env"
     monkeypatch.delenv("ZOO_DATA_DIR")
-    with pytest.raises(DataError, match="no data directory: pass --data-dir.*ZOO_DATA_DIR"):
+    with pytest.raises(DataError, match="no data directory: set ZOO_DATA_DIR.*data_dir="):
         resolve_data_dir(None)  # the library assumes no location of its own
 
 

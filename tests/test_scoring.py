@@ -151,3 +151,17 @@ def test_a_character_model_warns_when_its_alphabet_does_not_cover_the_text():
     (warning,) = res["warnings"]
     assert "10 of 12 characters (83%) are outside the model's alphabet" in warning
     assert model.score("the cat sat on the mat")[0]["warnings"] == []
+
+
+def test_evaluating_on_another_corpus_names_the_one_the_model_was_trained_on():
+    """`zoo eval CHAR_MODEL --dataset ptb` said only that the vocabularies differ."""
+    import zoo
+    from zoo.data import resolve_data_dir
+    from zoo.errors import ConfigError
+
+    if not (resolve_data_dir() / "ptb" / "train.txt").is_file():
+        pytest.skip("needs the PTB data")
+    model = zoo.load("pnorm-gru-ptbchar-sent-p1")
+    with pytest.raises(ConfigError, match=r"\(50 symbols\) is not the ptb vocabulary \(10,000\): it was trained on "
+                                          r"ptb-char \(leave the dataset out"):
+        model.evaluate("ptb", "valid")

@@ -104,6 +104,9 @@ def _read_bytes(src: str) -> bytes:
 def _read_texts(args: argparse.Namespace) -> list[str]:
     if args.text is not None and args.input is not None:
         raise UsageError("give either --text or an input file, not both")
+    if args.text is not None and args.per_line:
+        raise UsageError("--per-line splits an input file (or stdin) at its lines; each --text is already one "
+                         "text (repeat --text for several)")
     if args.text is not None:
         texts = list(args.text)
     else:
@@ -113,7 +116,7 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
         except OSError as e:
             raise UsageError(f"cannot read {src}: {e.strerror}") from None
         try:
-            content = raw.decode("utf-8")
+            content = raw.decode("utf-8").removeprefix("\ufeff")  # (a byte-order mark is not text: not "dropped")
         except UnicodeDecodeError as e:
             raise UsageError(f"{src}: not valid UTF-8 (byte {e.start})") from None
         # lines end at "\n" only (str.splitlines also splits at \f, \x1c-\x1e, \x85, \u2028/9, which would

@@ -32,8 +32,9 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
         return Path(data_dir)
     env = os.environ.get("ZOO_DATA_DIR")
     if not env:
-        raise DataError("no data directory: pass --data-dir (data_dir=) or set ZOO_DATA_DIR to the folder holding "
-                        f"{', '.join(d + '/' for d in DATASETS)} (each with train.txt, valid.txt, test.txt)")
+        raise DataError("no data directory: set ZOO_DATA_DIR to the folder holding "
+                        f"{', '.join(d + '/' for d in DATASETS)} (each with train.txt, valid.txt, test.txt), or "
+                        "give it (data_dir= in Python; --data-dir of zoo eval and zoo train)")
     return Path(env)
 
 
@@ -46,7 +47,8 @@ def corpus_files(dataset: str, data_dir: str | os.PathLike | None = None) -> dic
     if missing:
         raise DataError(
             f"dataset {dataset!r} not found: expected {', '.join(missing)} "
-            f"(set --data-dir or ZOO_DATA_DIR to the folder holding {dataset}/train.txt, valid.txt, test.txt)"
+            f"(set ZOO_DATA_DIR, or data_dir= / --data-dir where there is one, to the folder holding "
+            f"{dataset}/train.txt, valid.txt, test.txt)"
         )
     return files
 

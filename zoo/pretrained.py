@@ -202,7 +202,11 @@ class ZooModel:
             raise ConfigError("this checkpoint does not say its dataset: pass one")
         corpus = load_corpus(dataset, data_dir)
         if corpus.vocab != self.tokenizer.vocab:
-            raise ConfigError(f"model vocabulary does not match the {dataset} vocabulary")
+            trained = self.config.get("dataset")
+            raise ConfigError(f"the model's vocabulary ({len(self.tokenizer.vocab):,} symbols) is not the {dataset} "
+                              f"vocabulary ({len(corpus.vocab):,})"
+                              + (f": it was trained on {trained} (leave the dataset out to use it)"
+                                 if trained and trained != dataset else ""))
         proto = self.eval_protocol(split)
         batch_size = batch_size or proto["batch_size"]
         bptt = bptt or proto["bptt"]

@@ -144,8 +144,12 @@ def publish(name: str, repo_id: str, *, tag: str | None = None, dry_run: bool = 
 
 def cmd_publish(args: argparse.Namespace) -> int:
     repo_id = args.repo_id
+    models = catalog().get("models", {})
+    if canonical_name(args.model) not in models:
+        raise ModelNotFoundError(f"unknown model {args.model!r}: publish takes a bundled catalogue name (known: "
+                                 f"{', '.join(sorted(models)) or 'none'})")
     if repo_id is None:  # the catalogue's repository for this model
-        repo_id = catalog().get("models", {}).get(canonical_name(args.model), {}).get("repo_id")
+        repo_id = models[canonical_name(args.model)].get("repo_id")
         if not repo_id:
             raise HubError(f"{args.model}: the catalogue names no Hub repository; give --repo-id ORG/NAME")
     publish(args.model, repo_id, tag=args.tag, dry_run=args.dry_run, exports_dir=args.exports_dir,
