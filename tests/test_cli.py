@@ -105,8 +105,8 @@ def test_info(capsys, tiny_checkpoint):
     (["score", "{ckpt}", "--text", ""], "empty"),
     (["score", "{ckpt}", "{missing}"], "cannot read"),
     (["score", "{ckpt}", "{binary}"], "not valid UTF-8"),
-    (["generate", "{ckpt}", "--temperature", "-1"], "temperature"),
-    (["generate", "{ckpt}", "--top-p", "0"], "top_p"),
+    (["generate", "{ckpt}", "--temperature", "-1"], "--temperature must be"),
+    (["generate", "{ckpt}", "--top-p", "0"], "--top-p must be"),
     (["eval", "{ckpt}", "--dataset", "ptb", "--data-dir", "{missing}"], "not found"),
     (["train", "no-such-recipe"], "no recipe"),
     (["score", "{ckpt}", "--text", "x", "--batch-size", "0"], "--batch-size must be a positive integer, got 0"),
@@ -127,6 +127,11 @@ def test_info(capsys, tiny_checkpoint):
     (["export", "{ckpt}", "--out", "{binary}"], "is a file, not a folder"),
     (["score", "{ckpt}", "--text", "a", "--per-line"], "--per-line splits an input file"),
     (["publish", "no-such-model", "--dry-run"], "unknown model 'no-such-model': publish takes a bundled"),
+    # schema errors in the command line's words: the flag or the file, not the request field
+    (["generate", "{ckpt}", "--top-k", "-3"], "zoo: error: --top-k must be an integer >= 0, got -3"),
+    (["score", "{ckpt}", "{nul}"], "nul.txt looks like binary data"),
+    (["score", "{ckpt}", "--text", "ok", "--text", "a\x01\x02\x03\x04\x05b"], "--text #2 looks like binary"),
+    (["score", "{ckpt}", "--text", "ab\udcedc"], "--text is not valid UTF-8 (byte 2)"),  # the byte 0xED
     (["score", "{ckpt}", "--text", "x", "--dynamic-lr", "0.1"], "--dynamic-lr applies only with --dynamic"),
     (["eval", "{ckpt}", "--dynamic", "--bptt", "5"], "--bptt do not apply with --dynamic"),
     (["eval", "{ckpt}", "--dynamic", "--backend", "onnx"], "--dynamic runs on the eager backend in fp32"),
@@ -146,6 +151,7 @@ def test_info(capsys, tiny_checkpoint):
 def test_bad_input_exits_2_with_one_line(tiny_checkpoint, tmp_path, args, message):
     binary = tmp_path / "bin.dat"
     binary.write_bytes(b"\xff\xfe\x00abc")
+    (tmp_path / "nul.txt").write_bytes(b"the\x00cat")
     (tmp_path / "bad.toml").write_text('name = "x"\n[train\n')
     (tmp_path / "no_model.toml").write_text('name = "x"\ndataset = "ptb"\n')
     (tmp_path / "bad_field.toml").write_text('name = "x"\ndataset = "ptb"\n[model]\n[train]\nepoks = 3\n')
@@ -155,7 +161,7 @@ def test_bad_input_exits_2_with_one_line(tiny_checkpoint, tmp_path, args, messag
     fill = {"ckpt": str(tiny_checkpoint), "missing": str(tmp_path / "nope"), "binary": str(binary),
             "bad_toml": str(tmp_path / "bad.toml"), "no_model": str(tmp_path / "no_model.toml"),
             "bad_field": str(tmp_path / "bad_field.toml"), "bad_seed": str(tmp_path / "bad_seed.toml"),
-            "no_arch": str(tmp_path / "no_arch.toml")}
+            "no_arch": str(tmp_path / "no_arch.toml"), "nul": str(tmp_path / "nul.txt")}
     argv = [a.format(**fill) for a in args]
     proc = subprocess.run([sys.executable, "-m", "zoo.cli", *argv], capture_output=True, text=True, cwd=REPO,
                           timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -9,10 +9,12 @@ serve``, ``zoo bundle``, ``zoo publish``) are not part of the library: they are 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -109,6 +111,8 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
                          "text (repeat --text for several)")
     if args.text is not None:
         texts = list(args.text)
+        for n, text in enumerate(texts):
+            _valid_utf8(text, "--text" if len(texts) == 1 else f"--text #{n + 1}")
     else:
         src = args.input or "-"
         try:
@@ -130,6 +134,29 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
     return texts  # with --per-line, blank lines stay in place (reported as skipped) so that line numbers hold
 
 
+@contextlib.contextmanager
+def _in_flags(names: dict[str, str]) -> Iterator[None]:
+    """A request-schema error (:class:`InvalidRequest`) in the command line's words: the option (or file) the
+    user gave, not the request field ("--max-new-tokens must be ...", not "max_new_tokens must be ...")."""
+    from zoo.errors import InvalidRequest
+
+    try:
+        yield
+    except InvalidRequest as e:
+        if e.field not in names:
+            raise
+        raise UsageError(names[e.field] + e.message[len(e.field):]) from None
+
+
+def _valid_utf8(text: str, flag: str) -> None:
+    """Command-line bytes that are not UTF-8 reach Python as lone surrogates (U+DC80..U+DCFF); say so in bytes
+    (the schema would call them unpaired UTF-16 surrogates, true of JSON but not of a command line)."""
+    try:
+        text.encode("utf-8", "surrogateescape").decode("utf-8")
+    except UnicodeError as e:
+        raise UsageError(f"{flag} is not valid UTF-8 (byte {e.start})") from None
+
+
 def _require(args: argparse.Namespace, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
     """Refuse out-of-range counts before anything loads, in one line (argparse's ``type=int`` lets 0 and negatives
     through, and they would fail deep inside: a zero batch size, a zero ``--jobs`` waiting forever)."""
@@ -149,8 +176,13 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     # the service schema (no size limit on the CLI): NUL, binary data and undecodable argv bytes are refused;
     # with --per-line an error names the file's line
-    texts = [check_text(lines[i], f"line {i + 1}")[0] for i in keep] if args.per_line else \
-        list(parse_score({"texts": [lines[i] for i in keep]}, CLI_LIMITS).texts)
+    if args.per_line:
+        texts = [check_text(lines[i], f"line {i + 1}")[0] for i in keep]
+    else:  # an error names what the user gave: the file, or the --text (which one, when several)
+        given = [args.input or "stdin"] if args.text is None else \
+            ["--text"] if len(keep) == 1 else [f"--text #{n + 1}" for n in range(len(keep))]
+        with _in_flags({f"texts[{j}]": name for j, name in enumerate(given)}):
+            texts = list(parse_score({"texts": [lines[i] for i in keep]}, CLI_LIMITS).texts)
     dynamic = _dynamic(args)
     model = _load(args)
     report = model.score(texts, return_tokens=args.tokens, batch_size=args.batch_size, progress=True,
@@ -184,10 +216,13 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from zoo.service import CLI_LIMITS, Service, parse_generate
 
-    req = parse_generate({"prompt": args.prompt, "max_new_tokens": args.max_new_tokens,
-                          "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-                          "seed": args.seed, "stop_at_eos": args.stop_at_eos, "allow_unk": not args.no_unk},
-                         CLI_LIMITS)  # checked before the model loads
+    _valid_utf8(args.prompt, "--prompt")
+    with _in_flags({"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",
+                    "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}):
+        req = parse_generate({"prompt": args.prompt, "max_new_tokens": args.max_new_tokens,
+                              "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+                              "seed": args.seed, "stop_at_eos": args.stop_at_eos, "allow_unk": not args.no_unk},
+                             CLI_LIMITS)  # checked before the model loads
     pieces = Service(_load(args), CLI_LIMITS).stream(req)
     if args.json:
         parts = list(pieces)
