@@ -140,6 +140,12 @@ def test_a_prompt_of_the_wrong_type_fails_at_the_call():
     for call in (m.stream, m.generate, m.generate_ids):
         with pytest.raises(WrongType, match="prompt must be a str, got int"):
             call(123)  # type: ignore[arg-type]
+        # the rest of the schema every front end applies: binary prompts, unknown keywords (a bare TypeError
+        # from the dataclass before)
+        with pytest.raises(ValueError, match="prompt looks like binary data"):
+            call("the\x00cat")
+        with pytest.raises(WrongType, match="unknown sampling keyword.s. bogus; known: max_new_tokens"):
+            call("the", bogus=1)
 
 
 @pytest.mark.parametrize("kw", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1),

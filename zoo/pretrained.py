@@ -8,6 +8,7 @@ repo. ``default`` is an alias for the catalogue's default model.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from zoo.precision import AutocastRunner
 from zoo.precision import check as check_precision
 from zoo.scoring import ScoreReport, evaluate_sentences, evaluate_stream, score_texts, summarize
 from zoo.tokenizer import Tokenizer
+from zoo.validate import check_text
 
 
 def is_folder_name(name: object) -> bool:
@@ -164,19 +166,29 @@ class ZooModel:
 
     def stream(self, prompt: str = "", **sampling: Any) -> Iterator[str]:
         """Yield generated text piece by piece (keywords of :class:`SamplingParams`)."""
-        if not isinstance(prompt, str):  # here, not at the first next(): the call is where the mistake is
-            raise WrongType(f"prompt must be a str, got {type(prompt).__name__}")
-        params = SamplingParams(**sampling)
+        prompt, params = self._generation_request(prompt, sampling)
         return stream_text(self.runner, self.tokenizer, prompt, params)
+
+    @staticmethod
+    def _generation_request(prompt: Any, sampling: dict[str, Any]) -> tuple[str, SamplingParams]:
+        """The prompt and sampling keywords checked as every front end checks them (``zoo.validate``): here, not
+        at the first ``next()``, since the call is where the mistake is. An empty prompt starts from ``<eos>``."""
+        if not isinstance(prompt, str):
+            raise WrongType(f"prompt must be a str, got {type(prompt).__name__}")
+        prompt = check_text(prompt, "prompt", allow_empty=True)[0]
+        unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(SamplingParams)})
+        if unknown:
+            raise WrongType(f"unknown sampling keyword(s) {', '.join(unknown)}; known: "
+                            f"{', '.join(f.name for f in dataclasses.fields(SamplingParams))}")
+        return prompt, SamplingParams(**sampling)
 
     def generate(self, prompt: str = "", **sampling: Any) -> str:
         """The generated continuation of ``prompt`` as text."""
         return "".join(self.stream(prompt, **sampling))
 
     def generate_ids(self, prompt: str = "", **sampling: Any) -> list[int]:
-        if not isinstance(prompt, str):
-            raise WrongType(f"prompt must be a str, got {type(prompt).__name__}")
-        return list(sample_ids(self.runner, self.tokenizer, prompt, SamplingParams(**sampling)))
+        prompt, params = self._generation_request(prompt, sampling)
+        return list(sample_ids(self.runner, self.tokenizer, prompt, params))
 
     def eval_protocol(self, split: str = "test") -> dict[str, Any]:
         """How this model's card numbers were computed on ``split`` (from the training recipe it carries): the batch
