@@ -127,6 +127,10 @@ def test_info(capsys, tiny_checkpoint):
     (["export", "{ckpt}", "--out", "{binary}"], "is a file, not a folder"),
     (["score", "{ckpt}", "--text", "a", "--per-line"], "--per-line splits an input file"),
     (["publish", "no-such-model", "--dry-run"], "unknown model 'no-such-model': publish takes a bundled"),
+    (["download", "{ckpt}"], "is a local folder: download takes a catalogue name"),
+    (["info", ""], "no model given"),
+    (["train", "lstm-ptb-zaremba-small", "lstm-ptb-zaremba-small", "--run-dir", "{missing}"],
+     "a recipe is named twice: lstm-ptb-zaremba-small"),
     # schema errors in the command line's words: the flag or the file, not the request field
     (["generate", "{ckpt}", "--top-k", "-3"], "zoo: error: --top-k must be an integer >= 0, got -3"),
     (["score", "{ckpt}", "{nul}"], "nul.txt looks like binary data"),

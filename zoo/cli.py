@@ -115,6 +115,8 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
             _valid_utf8(text, "--text" if len(texts) == 1 else f"--text #{n + 1}")
     else:
         src = args.input or "-"
+        if src == "-" and sys.stdin.isatty():  # (waiting silently on a terminal looks like a hang)
+            print("zoo: reading the text from the terminal until Ctrl-D (or give --text or a file)", file=sys.stderr)
         try:
             raw = _read_bytes(src)
         except OSError as e:
@@ -263,6 +265,9 @@ def _train_parallel(args: argparse.Namespace) -> int:
     from zoo.train import Recipe, recipe_path
 
     pending = [recipe_path(r) for r in args.recipe]
+    names = [Recipe.load(path).name for path in pending]
+    if len(set(names)) < len(names):  # two processes would share one run dir (the second is refused by its lock)
+        raise UsageError(f"a recipe is named twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
     for path in pending:   # refuse before starting anything: a batch never half-starts
         _check_run_dir(Path(args.run_dir or "runs") / Recipe.load(path).name, args, clear=False)
     running: list[tuple[subprocess.Popen, str]] = []
@@ -414,6 +419,9 @@ def cmd_download(args: argparse.Namespace) -> int:
     from zoo.catalog import release
     from zoo.hub import HF_PREFIX, download, download_to, resolve
 
+    if Path(args.model).is_dir():
+        raise UsageError(f"{args.model} is a local folder: download takes a catalogue name or hf-hub:ORG/NAME (the "
+                         "other commands take a checkpoint folder as it is)")
     if args.model.startswith(HF_PREFIX):
         if args.local_dir or args.force:
             raise UsageError("--local-dir and --force apply to catalogue names; hf-hub: repos go to the Hub cache")

@@ -324,6 +324,9 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None, source
     if source not in SOURCES:
         raise ConfigError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
     text = str(name_or_path)
+    if not text.strip():
+        raise ModelNotFoundError("no model given: a catalogue name (see `zoo list`), `default`, a checkpoint "
+                                 "directory or hf-hub:ORG/NAME")
     if text.startswith(HF_PREFIX):
         repo_id, rev = parse_hf_spec(text)
         if revision is not None and rev is not None and revision != rev:

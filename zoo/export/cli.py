@@ -65,7 +65,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def add(subparsers) -> None:
     sp = subparsers.add_parser("export", help="export a model to ONNX (sequence + step graphs) and/or TorchScript")
-    sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, or a checkpoint directory")
+    sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, a checkpoint directory, or "
+                    "hf-hub:ORG/NAME[@REVISION]")
     sp.add_argument("--format", default="all", choices=[*FORMATS, "all"], help="what to export (default: all)")
     sp.add_argument("--quantize", choices=["int8"], help="also write dynamically quantised int8 ONNX graphs")
     sp.add_argument("--out", help="output folder (default: $ZOO_EXPORTS_DIR/<model name>: exports/out/ in a checkout, "
