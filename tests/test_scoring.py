@@ -165,3 +165,8 @@ def test_evaluating_on_another_corpus_names_the_one_the_model_was_trained_on():
     with pytest.raises(ConfigError, match=r"\(50 symbols\) is not the ptb vocabulary \(10,000\): it was trained on "
                                           r"ptb-char \(leave the dataset out"):
         model.evaluate("ptb", "valid")
+    # options that do not apply are refused, not ignored (the result looked like the options had been used)
+    with pytest.raises(ConfigError, match="bptt does not apply to a sentence-level model: each sentence .at most 100"):
+        model.evaluate(split="valid", bptt=5)
+    with pytest.raises(ConfigError, match="batch_size and bptt do not apply to dynamic evaluation"):
+        model.evaluate(split="valid", batch_size=4, dynamic=True)

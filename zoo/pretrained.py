@@ -220,6 +220,12 @@ class ZooModel:
                               + (f": it was trained on {trained} (leave the dataset out to use it)"
                                  if trained and trained != dataset else ""))
         proto = self.eval_protocol(split)
+        if dyn is not None and (batch_size is not None or bptt is not None):  # (silently ignored before)
+            raise ConfigError("batch_size and bptt do not apply to dynamic evaluation: it scores one stream, batch 1, "
+                              "in segments (dynamic.segment)")
+        if proto["mode"] == "sentences" and bptt is not None:
+            raise ConfigError(f"bptt does not apply to a sentence-level model: each sentence (at most "
+                              f"{proto['max_len']} symbols) is scored whole, from a zero state")
         batch_size = batch_size or proto["batch_size"]
         bptt = bptt or proto["bptt"]
         if dyn is not None:
