@@ -129,6 +129,7 @@ def test_info(capsys, tiny_checkpoint):
     (["publish", "no-such-model", "--dry-run"], "unknown model 'no-such-model': publish takes a bundled"),
     (["download", "{ckpt}"], "is a local folder: download takes a catalogue name"),
     (["info", ""], "no model given"),
+    (["info", "{ckpt}", "--revision", "v9"], "is a local folder: a revision ('v9') applies to Hub models only"),
     (["train", "lstm-ptb-zaremba-small", "lstm-ptb-zaremba-small", "--run-dir", "{missing}"],
      "a recipe is named twice: lstm-ptb-zaremba-small"),
     # schema errors in the command line's words: the flag or the file, not the request field

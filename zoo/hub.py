@@ -338,6 +338,8 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None, source
         return download_repo(repo_id, rev, cache_dir=cache_dir, endpoint=endpoint, token=token)
     path = Path(name_or_path)
     if path.is_dir() and (path / "config.json").is_file():
+        if revision is not None:  # (it was ignored)
+            raise ConfigError(f"{text} is a local folder: a revision ({revision!r}) applies to Hub models only")
         return path, "local path"
     if os.sep in text or text.startswith(".") or path.exists():
         raise ModelNotFoundError(f"{text}: not a checkpoint directory (it needs {', '.join(CHECKPOINT_FILES)})")
