@@ -126,6 +126,7 @@ def test_info(capsys, tiny_checkpoint):
     (["train", "lstm-ptb-zaremba-small", "--device", "foo", "--run-dir", "{missing}"], "--device 'foo' is not a"),
     (["export", "{ckpt}", "--out", "{binary}"], "is a file, not a folder"),
     (["score", "{ckpt}", "--text", "a", "--per-line"], "--per-line splits an input file"),
+    (["score", "{ckpt}", "--text", "a", "{missing}"], "give either --text or an input file, not both"),
     (["publish", "no-such-model", "--dry-run"], "unknown model 'no-such-model': publish takes a bundled"),
     (["download", "{ckpt}"], "is a local folder: download takes a catalogue name"),
     (["info", ""], "no model given"),

@@ -595,7 +595,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zoo: error: `zoo {argv[0]}` is checkout tooling (zoo.tools), not part of the installed library: "
               "run it from a clone of the repository (`make venv`)", file=sys.stderr)
         return EXIT_USAGE
-    args = parser.parse_args(argv)
+    command = parser.subparsers.choices.get(argv[0]) if argv else None
+    if command is not None and command._subparsers is None:
+        # options and positionals in any order: `zoo score M --text hi FILE` reached the plain parser's
+        # "unrecognized arguments: FILE" (argparse fills an optional positional before the options that follow)
+        args = command.parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+    else:
+        args = parser.parse_args(argv)
     import torch
 
     torch.set_flush_denormal(True)
