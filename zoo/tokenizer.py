@@ -13,7 +13,10 @@ carries its tokenizer (vocabulary plus normalisation) in its checkpoint:
   per character with ``_`` for a space. A character outside the vocabulary is spelled ``<unk>`` as the
   corpus spells unknown words, and counted as out of vocabulary.
 
-Every line of the text becomes its tokens followed by ``<eos>``, as in the corpora. No input character
+Text is first put in Unicode NFC form, the form every corpus is in (checked: no line of any split changes), so
+that a decomposed accent (``e`` + U+0301, as some editors and macOS file names write it) finds the vocabulary's
+``é`` instead of becoming two ``<unk>``. Every line then becomes its tokens followed by ``<eos>``, as in the
+corpora. No input character
 is lost silently: each is scored as a vocabulary symbol, scored as ``<unk>`` and listed in
 ``oov_items``, or, if the corpus never has it (PTB's punctuation), listed in ``dropped`` (see
 :meth:`Tokenizer.line_pieces`; a test accounts for every character of awkward inputs).
@@ -191,7 +194,9 @@ class Tokenizer:
     def line_pieces(self, line: str) -> list[tuple[str | None, str]]:
         """``(symbol, source)`` pieces of one line, without ``<eos>``: every non-space character of the line is
         in exactly one source; symbol None = dropped by the normalisation. Character models split each word
-        into characters (``_`` between words, with an empty source)."""
+        into characters (``_`` between words, with an empty source). Sources are the line's NFC form (see the
+        module docstring): a decomposed ``e`` + U+0301 comes back as one ``é``."""
+        line = unicodedata.normalize("NFC", line)
         if self.normalization == "wikitext":
             return self._wikitext_pieces(line)
         pieces = self._ptb_pieces(line)
