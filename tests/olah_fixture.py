@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 OLAH_CLI = REPO / ".venv-olah" / "bin" / "olah-cli"
@@ -110,12 +111,6 @@ def run_main(capsys, *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out = capsys.readouterr()
     return code, out.out, out.err
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- git mirrors -----------------------------------------------------------------------------------------------

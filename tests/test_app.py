@@ -27,6 +27,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
 from tests.conftest import REPO, TINY_ARCHS, tiny_lm, tiny_tokenizer  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
 from zoo.pretrained import ZooModel  # noqa: E402
@@ -58,12 +59,6 @@ def build_tiny_models(root: Path) -> Path:
     log = [{"epoch": e, "train_ppl": 900.0 / e, "valid_ppl": 950.0 / e, "lr": 1.0} for e in (1, 2, 3)]
     (root / "tiny-alstm" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     return root
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,13 @@ from tests.olah_fixture import (
     Olah,
     add_catalog_alias,
     bundle_into,
-    free_port,
     make_mirror,
     real_default_bundle,
     run_main,
     tiny_run,
     zoo_cli,
 )
+from tests.ports import free_port
 from zoo import hub
 from zoo.tools import cards, publish
 

@@ -25,6 +25,7 @@ import requests
 import torch
 
 from tests.conftest import REPO, tiny_lm, tiny_tokenizer
+from tests.ports import free_ports
 from zoo.checkpoint import save_checkpoint
 from zoo.cli import main as cli_main
 from zoo.errors import InvalidRequest
@@ -37,27 +38,17 @@ pytestmark = [
     pytest.mark.skipif((java_version() or 0) < 17, reason="TorchServe needs Java 17 (make system-deps)"),
 ]
 
+
+def _ports(n: int) -> list[int]:
+    return free_ports(n, avoid=(8080, 8081, 8082))  # TorchServe's defaults: another test may start one there
+
+
 LIMITS = {"max_texts": 8, "max_chars": 2000, "max_total_chars": 6000, "max_total_tokens": 5000, "max_new_tokens": 64}
 MAX_REQUEST_BYTES = 64 * 1024
 HTTP_TIMEOUT = 30
 LOST_REQUEST_TIMEOUT = 8
 TEXTS = ["the cat sat on the mat", "a dog ran on the mat\nthe cat sat", "mr. smith 's cat", "N dogs ran",
          "the dog sat on a cat", "a cat", "$ N on the mat", "the the the"]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            if s.getsockname()[1] not in (8080, 8081, 8082):
-                ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def _random_tiny_checkpoint(directory: Path) -> Path:
@@ -136,7 +127,7 @@ def server(tmp_path_factory) -> Server:
         name, source = "default", "default"  # what `zoo serve start` with no model serves
     else:
         name, source = "tiny", str(_random_tiny_checkpoint(tmp / "tiny-random"))
-    run_dir, ports = tmp / "run", _free_ports(4)
+    run_dir, ports = tmp / "run", _ports(4)
     limits = [f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()]
     proc = _zoo("serve", "start", f"{name}={source}", "--run-dir", str(run_dir), "--inference-port", str(ports[0]),
                 "--management-port", str(ports[1]), "--metrics-port", str(ports[2]), "--worker-port", str(ports[3]),
@@ -740,7 +731,7 @@ def test_start_refuses_a_busy_port(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        other = _free_ports(2)
+        other = _ports(2)
         cfg = ServerConfig(inference_port=port, management_port=other[0], metrics_port=other[1])
         with pytest.raises(ServeError, match=f"port {port}"):
             start_server([("tiny", "unused")], tmp_path / "run", cfg)
@@ -754,7 +745,7 @@ def test_start_fails_fast_when_the_model_cannot_load(tmp_path):
     ckpt = _random_tiny_checkpoint(tmp_path / "broken")
     weights = ckpt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:200])  # truncated: only the worker's strict loader notices
-    ports = _free_ports(4)
+    ports = _ports(4)
     cfg = ServerConfig(inference_port=ports[0], management_port=ports[1], metrics_port=ports[2], worker_port=ports[3])
     t0 = time.monotonic()
     with pytest.raises(ServeError, match="Failed to load model broken.*corrupt or truncated"):
@@ -778,7 +769,7 @@ def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch,
 
     monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))  # any export made here stays in tmp
     ckpt = _random_tiny_checkpoint(tmp_path / "tiny-random")
-    ports = _free_ports(4)
+    ports = _ports(4)
     cfg = ServerConfig(inference_port=ports[0], management_port=ports[1], metrics_port=ports[2], worker_port=ports[3],
                        disable_token_auth=True)
     run_dir = tmp_path / "run"
@@ -814,7 +805,7 @@ def test_front_door_config_is_valid_nginx_for_any_run_dir(tmp_path):
     run_dir = tmp_path / "a run dir" / "with spaces"
     logs = run_dir / "logs"
     logs.mkdir(parents=True)
-    cfg = ServerConfig(inference_port=_free_ports(1)[0], backend_port=_free_ports(1)[0])
+    cfg = ServerConfig(inference_port=_ports(1)[0], backend_port=_ports(1)[0])
     conf = front_door_config(cfg, run_dir, logs, response_timeout=120)
     proc = subprocess.run([_nginx(), "-t", "-p", str(conf.parent), "-c", str(conf), "-e", str(logs / "t.log")],
                           capture_output=True, text=True, timeout=30)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.ports import free_port
 from zoo.data import resolve_data_dir
 from zoo.train import Recipe, Trainer
 
@@ -262,6 +263,15 @@ def test_unknown_precision_is_a_clear_error(tmp_path, tiny_data):
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
+def torchrun_train(*args: str) -> subprocess.CompletedProcess:
+    """``zoo train ARGS`` in 2 gloo processes under torchrun, one thread each; the rendezvous port is a free one
+    (fixed numbers made the tests flaky when an earlier run's port was still in TIME_WAIT)."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(free_port()), "-m", "zoo.cli", "train", *args, "--device", "cpu"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
 def test_torchrun_two_processes_match_one_process(tmp_path, tiny_data):
     """DDP over 2 gloo processes on the same global batch gives the single-process weights (no dropout)."""
     recipe = write_recipe(tmp_path / "r.toml", arch="lstm", optimizer="sgd", epochs=1, dropout=0.0,
@@ -271,11 +281,7 @@ def test_torchrun_two_processes_match_one_process(tmp_path, tiny_data):
     single = zoo("train", str(tmp_path / "r2.toml"), "--data-dir", str(tiny_data), "--device", "cpu",
                  "--run-dir", str(tmp_path / "one"))
     assert single.returncode == 0, single.stderr[-2000:]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
-                "-m", "zoo.cli", "train", str(tmp_path / "r2.toml"), "--data-dir", str(tiny_data),
-                "--device", "cpu", "--run-dir", str(tmp_path / "two")]
-    res = subprocess.run(torchrun, capture_output=True, text=True, cwd=REPO, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = torchrun_train(str(tmp_path / "r2.toml"), "--data-dir", str(tiny_data), "--run-dir", str(tmp_path / "two"))
     assert res.returncode == 0, res.stderr[-3000:]
     w1 = load_file(str(tmp_path / "one" / "checkpoint" / "state.safetensors"))
     w2 = load_file(str(tmp_path / "two" / "checkpoint" / "state.safetensors"))
@@ -296,11 +302,8 @@ def test_torchrun_stop_and_resume_restores_every_ranks_carried_state(tmp_path, k
     (tmp_path / "r2.toml").write_text(recipe.replace("variable_bptt = true\n", "").replace("lr = 0.003", "lr = 1.0"))
 
     def torchrun(run: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                               "--master-port", "29535", "-m", "zoo.cli", "train", str(tmp_path / "r2.toml"),
-                               "--data-dir", str(kill_data), "--device", "cpu", "--run-dir", str(tmp_path / run),
-                               *extra], capture_output=True, text=True, cwd=REPO, timeout=600,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return torchrun_train(str(tmp_path / "r2.toml"), "--data-dir", str(kill_data), "--run-dir", str(tmp_path / run),
+                              *extra)
 
     whole = torchrun("a")
     assert whole.returncode == 0, whole.stderr[-3000:]
@@ -330,10 +333,7 @@ def test_torchrun_with_dropout_keeps_replicas_in_sync_and_ranks_draw_their_own_m
 
     assert len({rank_seed(1, r) for r in (1, 2, 3)}) == 3 and rank_seed(1, 1) != rank_seed(1, 1, step=10)
     recipe = write_recipe(tmp_path / "r.toml", arch="alstm", epochs=1, dropout=0.3)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                          "29534", "-m", "zoo.cli", "train", str(recipe), "--data-dir", str(tiny_data), "--device",
-                          "cpu", "--run-dir", str(tmp_path / "two")], capture_output=True, text=True, cwd=REPO,
-                         timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = torchrun_train(str(recipe), "--data-dir", str(tiny_data), "--run-dir", str(tmp_path / "two"))
     assert res.returncode == 0, res.stderr[-3000:]
     ev = json.loads((tmp_path / "two" / "eval.json").read_text())
     assert ev["world_size"] == 2 and ev["ranks_in_sync"] is True and math.isfinite(ev["test"]["ppl"])
