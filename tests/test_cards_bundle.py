@@ -169,6 +169,17 @@ def test_char_level_card_reports_bits_per_character(bundled):
                                          "test": rel["test"]["bits_per_token"]}
 
 
+def test_card_throughput_is_total_tokens_over_total_time(bundled):
+    """Not the mean of the epochs' rates: 1000 tok/s for 100 s and 4000 tok/s for 300 s is 1,300,000 tokens in
+    400 s, 3,250 tok/s (the mean of the rates would say 2,500)."""
+    config = json.loads((bundled["dir"] / "config.json").read_text())
+    log = [{"epoch": e, "train_loss": 5.0, "valid_loss": 5.0, "valid_ppl": math.exp(5), "train_ppl": math.exp(5),
+            "lr": 1e-3, "seconds": sec, "tokens_per_s": tps, "optimizer": "adam", "best": e == 1}
+           for e, (tps, sec) in enumerate(((1000.0, 100.0), (4000.0, 300.0)), start=1)]
+    text = cards.build_card("t", bundled["ev"], log, config, repo_id="o/t", revision="v1.0")
+    assert "- Throughput: 3,250 training tokens/s (all epochs' tokens / their time)" in text
+
+
 def test_sentence_mode_card_says_its_setting(bundled):
     """A model trained on single sentences (the p-norm tier) says so in its results, usage, training and evaluation
     sections; a character model's training log is in bits per character."""
@@ -187,6 +198,7 @@ def test_sentence_mode_card_says_its_setting(bundled):
     assert "Single-sentence protocol" in text and "Valid: 3,370 sentences" in text and "test: 3,761 sentences" in text
     assert "stateful" not in text and "Standard stateful protocol" not in text
     assert "| epoch | train bpc | valid bpc |" in text and "| 1 * | 2.000 | 1.500 |" in text
+    assert "\nbptt =" not in text and "variable_bptt" not in text and "eval_bptt" not in text  # inert there
     stream = cards.build_card("c", bundled["ev"], log, config, repo_id="o/c", revision="v1.0")
     assert "Standard stateful protocol" in stream and "single sentence" not in stream
     assert "| epoch | train ppl | valid ppl |" in stream
@@ -218,6 +230,15 @@ def test_readme_table_from_catalogue(bundled, capsys, monkeypatch):
     assert stdout == cards.models_table_markdown(bundled["catalog"])
     with_dynamic = cards.models_table_markdown(bundled["catalog"], dynamic={"tiny-card": 99.125})
     assert "| 99.12 | perplexity |" in with_dynamic
+    assert entry["training"]["mode"] == "stream"
+    # a sentence-level model says so beside its data (its bpc is over single lines, not comparable with a
+    # stream's), and a reference without numbers shows its source only, not "n/a / n/a"
+    sent = copy.deepcopy(bundled["catalog"])
+    sent["models"]["tiny-card"]["training"]["mode"] = "sentences"
+    sent["models"]["tiny-card"]["reference"] = {"metric": "perplexity", "source": "a figure, no numbers"}
+    cells = [c.strip() for c in [r for r in cards.models_table_markdown(sent).splitlines()
+                                 if "`tiny-card`" in r][0].strip("|").split("|")]
+    assert cells[3] == "ptb, single sentences" and cells[-1] == "a figure, no numbers"
 
 
 def test_rebundle_replaces_atomically_and_keeps_other_entries(bundled, tiny_run_dir, tmp_path):

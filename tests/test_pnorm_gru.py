@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from zoo.models.pnorm_gru import PNormGRUStack, pnorm_gates
+from zoo.models.pnorm_gru import PNormGRUCell, PNormGRUStack, pnorm_gates
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -143,3 +143,28 @@ def test_init_is_pytorch_gru_default() -> None:
     assert isinstance(model.layers, nn.ModuleList)
     with pytest.raises(ValueError):
         PNormGRUStack(3, 3, p=0.0)
+
+
+def test_carried_state_is_unbounded_for_p_above_1() -> None:
+    """Why the word-level p > 1 runs (state carried across the whole corpus) failed, shown on the real cell: with
+    the update gate held at a = -3 and the candidate saturated at 1, h_t = alpha1 + alpha2 h_{t-1} tends to
+    alpha1 / (1 - alpha2). For p = 1 (alpha1 + alpha2 = 1) that is 1, a GRU's bound; for p = 2 (alpha1^2 +
+    alpha2^2 = 1) it is about 42, and it grows without bound as alpha1 -> 0. A sentence of at most 100 steps
+    from a zero state (the p-norm paper's setting) gets nowhere near it (about 4.5 here after 100 steps)."""
+    peak = {}
+    for p in (1.0, 2.0):
+        cell = PNormGRUCell(1, 1, p=p).double()
+        with torch.no_grad():
+            cell.weight_ih.zero_()
+            cell.weight_hh.zero_()
+            cell.bias.copy_(torch.tensor([-3.0, 0.0, 20.0], dtype=torch.float64))  # a_z, reset, candidate
+        h, x, trace = torch.zeros(1, 1, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64), []
+        with torch.no_grad():
+            for _ in range(20000):
+                h = cell(x, h)
+                trace.append(float(h))
+        alpha1, alpha2 = pnorm_gates(torch.tensor(-3.0, dtype=torch.float64), p)
+        assert trace[-1] == pytest.approx(float(alpha1 / (1 - alpha2)), rel=1e-6)
+        peak[p] = (max(trace[:100]), trace[-1])
+    assert peak[1.0][1] <= 1.0 and peak[2.0][1] > 40
+    assert peak[2.0][0] < 5  # within a 100-step sentence the state is still small

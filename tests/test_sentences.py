@@ -47,6 +47,29 @@ def test_padding_never_counts():
     # what the padding holds changes nothing: other pad ids give the same numbers
     other = evaluate_sentences(lm, seqs, batch_size=5, pad_id=7, progress=False)
     assert other["nll"] == pytest.approx(batched["nll"], rel=1e-6)
+    # nor does the batching: in batches of 2 (three batches, the state reset for each) the same numbers
+    split = evaluate_sentences(lm, seqs, batch_size=2, progress=False)
+    assert split["num_tokens"] == batched["num_tokens"] and split["nll"] == pytest.approx(batched["nll"], rel=1e-5)
+
+
+def test_every_training_batch_starts_from_a_zero_state(tmp_path, tiny_data):  # noqa: F811
+    """The training loop itself resets the state before each batch of sentences: observed on a real epoch (a
+    stream run hands each step the state the previous one left)."""
+    seen: dict[str, list] = {}
+    for mode, extra in (("sentences", SENTENCE_MODE), ("stream", "")):
+        recipe = Recipe.load(write_recipe(tmp_path / f"{mode}.toml", arch="lstm", epochs=1, batch_size=8,
+                                          extra_train=extra))
+        t = Trainer(recipe, tmp_path / mode, data_dir=str(tiny_data), progress=False)
+        real_step, seen[mode] = t.train_step, []
+
+        def spy(x, y, seq_len, t=t, real_step=real_step, log=seen[mode]):
+            log.append(t.state)
+            return real_step(x, y, seq_len)
+
+        t.train_step = spy
+        t.run()
+    assert len(seen["sentences"]) > 2 and all(s is None for s in seen["sentences"])
+    assert seen["stream"][0] is None and all(s is not None for s in seen["stream"][1:])
 
 
 def test_training_step_masks_padding_and_resets_state(tmp_path, tiny_data):  # noqa: F811
@@ -81,6 +104,16 @@ def test_sentence_run_end_to_end_and_resume(tmp_path, tiny_data):  # noqa: F811
     assert ev["mode"] == "sentences" and ev["valid"]["mode"] == "sentences"
     t = Trainer(Recipe.load(recipe), tmp_path / "x", data_dir=str(tiny_data), progress=False)
     assert ev["test"]["num_tokens"] == sum(s.numel() - 1 for s in t.sentences["test"])
+
+
+def test_stream_only_options_are_refused_in_sentence_mode(tmp_path):
+    for extra, named in (("bptt = 70", "bptt"), ("variable_bptt = true", "variable_bptt"),
+                         ("time_summed_loss = true\neval_bptt = 35", "eval_bptt, time_summed_loss")):
+        path = write_recipe(tmp_path / "r.toml", extra_train=SENTENCE_MODE)
+        path.write_text(path.read_text() + extra + "\n")
+        with pytest.raises(ValueError, match=f"r.toml: {named}: stream-mode option"):
+            Recipe.load(path)
+    Recipe.load(write_recipe(tmp_path / "r.toml", extra_train=SENTENCE_MODE))  # defaults are fine
 
 
 def test_unknown_mode_is_a_clear_error(tmp_path):

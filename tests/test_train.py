@@ -74,6 +74,8 @@ eval_bptt = 20
 save_dtype = "float16"
 {extra_train}
 """)
+    if 'mode = "sentences"' in extra_train:  # the stream-only options are refused there
+        path.write_text(re.sub(r"(?m)^(bptt|variable_bptt|eval_bptt) = .*\n", "", path.read_text()))
     return path
 
 

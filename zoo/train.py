@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,11 @@ from zoo.precision import autocast
 from zoo.precision import check as check_precision
 from zoo.scoring import evaluate_sentences, evaluate_stream
 from zoo.tokenizer import Tokenizer
+
+#: ``[train]`` options of the carried-stream protocol, with no meaning in sentence mode (a sequence is one line of at
+#: most ``max_len`` tokens, from a zero state): refused there unless left at their defaults, and left out of the
+#: recipe a sentence-mode card shows.
+STREAM_ONLY = ("bptt", "variable_bptt", "eval_bptt", "time_summed_loss")
 
 
 @dataclass
@@ -122,6 +127,12 @@ class TrainConfig:
                               ("mode", ("stream", "sentences"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.mode == "sentences":
+            defaults = {f.name: f.default for f in fields(self)}
+            inert = [n for n in STREAM_ONLY if getattr(self, n) != defaults[n]]
+            if inert:
+                raise ConfigError(f"{', '.join(inert)}: stream-mode option(s), meaningless with mode = \"sentences\" "
+                                  "(each sequence is one line of at most max_len tokens): remove them")
 
 
 #: The dtypes a release may be written in (``save_dtype``).

@@ -286,7 +286,9 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
         "training": {"epochs": ev["epochs_trained"], "best_epoch": ev["best_epoch"],
                      "train_seconds": ev["train_seconds"], "device": ev.get("device"),
                      "world_size": ev.get("world_size", 1),
-                     "precision": ev["recipe"].get("train", {}).get("precision", "fp32")},
+                     "precision": ev["recipe"].get("train", {}).get("precision", "fp32"),
+                     # "sentences": trained and scored on single lines from a zero state, not one carried stream
+                     "mode": ev["recipe"].get("train", {}).get("mode", "stream")},
         "reference": reference,
     }
 

@@ -20,6 +20,7 @@ from typing import Any
 from zoo.datasets import get_dataset
 from zoo.registry import CITATIONS, get_spec
 from zoo.tools import PACKAGE_DIR
+from zoo.train import STREAM_ONLY
 
 LIBRARY = "alstm-zoo"
 RECIPES_DIR = PACKAGE_DIR / "recipes"
@@ -246,9 +247,11 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
                 f"- Training time: {format_duration(ev['train_seconds'])} ({ev['train_seconds']:.0f} s of training "
                 f"steps, evaluation excluded) over {ev['epochs_trained']} epochs (recipe: {train.get('epochs')}); "
                 f"best validation at epoch {ev['best_epoch']}"]
-    speeds = [r["tokens_per_s"] for r in epochs if "tokens_per_s" in r]
-    if speeds:
-        training.append(f"- Throughput: {sum(speeds) / len(speeds):,.0f} training tokens/s on average")
+    # total tokens / total time, not the mean of the epochs' rates (a slow epoch weighs by how long it took)
+    timed = [(r["tokens_per_s"], r["seconds"]) for r in epochs if r.get("tokens_per_s") and r.get("seconds")]
+    if timed:
+        rate = sum(tps * sec for tps, sec in timed) / sum(sec for _, sec in timed)
+        training.append(f"- Throughput: {rate:,.0f} training tokens/s (all epochs' tokens / their time)")
     f["training"] = "\n".join(training)
     rname = recipe.get("name", name)
     f["recipe_where"] = (f"`zoo train {rname}` (the recipe file `zoo/recipes/{rname}.toml`)"
@@ -257,6 +260,8 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     # the [reference] shown is the one the card compares with (see bundle.find_reference): publication
     # metadata that may have been corrected since the run recorded its copy, and is not a hyper-parameter
     shown = {k: v for k, v in recipe.items() if k != "reference"} | ({"reference": reference} if reference else {})
+    if sentence_mode:  # the run records every option; the stream protocol's are inert here and would mislead
+        shown["train"] = {k: v for k, v in shown.get("train", {}).items() if k not in STREAM_ONLY}
     f["recipe_toml"] = to_toml(shown)
     f["figures"] = "".join(f"![Training curve of {name}]({fig})\n\n" for fig in figures)
     f["training_log"] = ""
@@ -382,13 +387,15 @@ def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, 
         digits = 3 if met.get("metric") == "bits_per_char" else 2
         ref = m.get("reference") or {}
         ref_txt = (f"{_fmt(ref.get('valid'), digits)} / {_fmt(ref.get('test'), digits)} ({ref.get('source', '')})"
-                   if ref else "")
+                   if has_numbers(ref) else ref.get("source", ""))
+        # a sentence-level model's numbers are over single lines from a zero state: not comparable with a stream's
+        data = m.get("dataset", "") + (", single sentences" if tr.get("mode") == "sentences" else "")
         flag = " (default)" if name == cat.get("default") else ""
         secs = tr.get("train_seconds")
         # runs bundled before the precision key existed were all trained in fp32
         where = f" ({short_device(tr['device'])}, {tr.get('precision', 'fp32')})" if tr.get("device") else ""
         lines.append(f"| `{name}`{flag} | {m.get('architecture', '')} | {m.get('num_parameters', 0) / 1e6:.2f}M | "
-                     f"{m.get('dataset', '')} | {tr.get('epochs', '')} | "
+                     f"{data} | {tr.get('epochs', '')} | "
                      f"{format_duration(secs) if secs is not None else ''}{where} | {_fmt(met.get('valid'), digits)} | "
                      f"{_fmt(met.get('test'), digits)} | {_fmt(dynamic[name], digits) if name in dynamic else ''} | "
                      f"{met.get('metric', '')} | {ref_txt} |")
