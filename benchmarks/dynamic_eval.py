@@ -16,9 +16,14 @@ Sections (all measured by this script, in this order):
    over rounds of ``time(dynamic) / time(static)``.
 
 Writes ``benchmarks/results/dynamic_eval.json`` and ``dynamic_eval.md``. ``zoo.dynamic.DEFAULTS`` is then set to
-the JSON's ``chosen`` by hand (``tests/test_dynamic.py`` checks that they agree). ``--quick``: a tiny version (a
-few hundred tokens, two grid points, statistics over a few thousand training tokens) that checks the script runs;
-it writes to ``--out`` only, its numbers mean nothing.
+the JSON's ``chosen`` by hand (``tests/test_dynamic.py`` checks that they agree).
+
+``--model NAME`` measures another bundled model (the README's models table shows its dynamic test number too) on a
+small grid around ``DEFAULTS`` (:data:`NEAR_DEFAULTS`: the defaults and two neighbours, chosen on validation as
+above); it writes ``dynamic_eval-NAME.json`` / ``.md`` and leaves the defaults' own file alone.
+
+``--quick``: a tiny version (a few hundred tokens, two grid points, statistics over a few thousand training
+tokens) that checks the script runs; it writes to ``--out`` only, its numbers mean nothing.
 
     python benchmarks/dynamic_eval.py
 """
@@ -42,6 +47,7 @@ from precision import cpu_name, other_processes  # noqa: E402
 import zoo  # noqa: E402
 from zoo.data import load_corpus  # noqa: E402
 from zoo.dynamic import DEFAULTS, DynamicParams, dynamic_logprobs  # noqa: E402
+from zoo.errors import ZooError  # noqa: E402
 from zoo.scoring import evaluate_stream  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -60,6 +66,10 @@ GRID: list[DynamicParams] = [
     DynamicParams(rule="rms", segment=20, lr=lr, decay=decay) for lr, decay in ((8e-5, 0.003), (5e-5, 0.001),
                                                                                (8e-5, 0.001))
 ]
+#: ``--model`` other than :data:`MODEL`: ``DEFAULTS`` (tuned on MODEL) and two neighbours, the direction each of
+#: MODEL's grid improved in (a smaller lr, a smaller decay); a better-trained model may want smaller steps.
+NEAR_DEFAULTS: list[DynamicParams] = [DEFAULTS, DynamicParams(rule="rms", segment=20, lr=3e-5, decay=0.001),
+                                      DynamicParams(rule="rms", segment=20, lr=5e-5, decay=0.0003)]
 #: ``--quick``: two points, statistics over a few thousand tokens.
 QUICK_STATS = {"stats_tokens": 3000, "stats_batch": 10, "stats_bptt": 35}
 QUICK_GRID: list[DynamicParams] = [DynamicParams(segment=20, lr=3e-5, decay=0.01, **QUICK_STATS),
@@ -110,7 +120,8 @@ def speed(model: zoo.ZooModel, stream: torch.Tensor, params: DynamicParams, roun
 def markdown(res: dict[str, Any]) -> str:
     m = res["meta"]
     c = res["chosen"]
-    lines = [f"Model `{m['model']}` ({m['num_parameters']:,} parameters), PTB, batch 1, state carried; "
+    lines = [f"Model `{m['model']}` ({m['num_parameters']:,} parameters), {m.get('dataset', 'ptb')}, batch 1, state "
+             f"carried; "
              f"{m['started']}. CPU: {m['cpu']}, torch {m['torch']}, 1 thread; other busy processes: "
              f"{len(m['other_processes'])} (see the JSON: {m['machine_note']})." + (" **--quick: numbers mean "
                                                                                     "nothing.**" if m["quick"]
@@ -141,7 +152,10 @@ def markdown(res: dict[str, Any]) -> str:
               f"static {sp['static_tokens_per_s']:,.0f} tokens/s, dynamic {sp['dynamic_tokens_per_s']:,.0f} tokens/s; "
               f"dynamic takes {sp['slowdown_median']:.2f}x the time of static "
               f"({sp['slowdown_min_max'][0]:.2f}-{sp['slowdown_min_max'][1]:.2f}x).",
-              "`zoo.dynamic.DEFAULTS` is the chosen point (`tests/test_dynamic.py` checks it against the JSON)."]
+              "`zoo.dynamic.DEFAULTS` is the chosen point (`tests/test_dynamic.py` checks it against the JSON)."
+              if m["model"] == MODEL else
+              f"The grid is `zoo.dynamic.DEFAULTS` (tuned on `{MODEL}`) and two neighbours; `zoo score "
+              f"{m['model']} --dynamic` uses the defaults (the first row)."]
     for e in res.get("earlier_runs", []):
         ch = e.get("chosen")
         what = (f"chose {ch['rule']} lr {ch['lr']:g} decay {ch['decay']:g}, "
@@ -158,23 +172,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=0, help="score only the first N tokens of each split (0: all)")
     ap.add_argument("--speed-tokens", type=int, default=3000, help="validation tokens per speed round")
     ap.add_argument("--rounds", type=int, default=3, help="speed rounds")
-    ap.add_argument("--out", default=str(RESULTS / "dynamic_eval.json"))
+    ap.add_argument("--model", default=MODEL, help=f"a bundled model (default {MODEL}, the one DEFAULTS were tuned "
+                    "on; another is measured on a small grid around DEFAULTS)")
+    ap.add_argument("--out", help="JSON to write (default benchmarks/results/dynamic_eval.json, or "
+                    "dynamic_eval-MODEL.json for another --model)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the grid points --out already holds (same model and token limit) and measure only the "
                     "new ones; statistics, static, the choice, test and speed are redone; the earlier run's choice "
                     "and its test number are kept under 'earlier_runs'")
     args = ap.parse_args(argv)
+    args.out = args.out or str(RESULTS / ("dynamic_eval.json" if args.model == MODEL
+                                          else f"dynamic_eval-{args.model}.json"))
     if args.quick:
         args.tokens, args.speed_tokens, args.rounds = args.tokens or 300, min(args.speed_tokens, 200), 1
-        if Path(args.out).resolve() == (RESULTS / "dynamic_eval.json").resolve():
+        if Path(args.out).resolve().parent == RESULTS.resolve():
             ap.error("--quick needs --out elsewhere: its numbers mean nothing")
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
-    grid = QUICK_GRID if args.quick else GRID
-    model = zoo.load(MODEL)
+    grid = QUICK_GRID if args.quick else GRID if args.model == MODEL else NEAR_DEFAULTS
+    try:
+        model = zoo.load(args.model)
+    except ZooError as e:
+        ap.error(str(e))
     corpus = load_corpus(model.config["dataset"])
     splits = {s: corpus.split(s)[:args.tokens] if args.tokens else corpus.split(s) for s in ("valid", "test")}
-    meta = {"model": MODEL, "num_parameters": model.num_parameters, "quick": args.quick, "tokens_limit": args.tokens,
+    meta = {"model": args.model, "dataset": model.config["dataset"], "num_parameters": model.num_parameters,
+            "quick": args.quick, "tokens_limit": args.tokens,
             "cpu": cpu_name(), "torch": torch.__version__, "threads": 1, "loadavg_start": os.getloadavg()[0],
             "other_processes": other_processes(),
             "machine_note": "2 CPU cores shared with two `zoo train ... --resume` training processes (one "
@@ -207,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     print("static ...", flush=True)
     res["static"] = {s: static(model, splits[s]) for s in ("valid", "test")}
     res["static"]["card"] = {"valid_batch10": json.loads((Path(__file__).resolve().parent.parent / "model_cards" /
-                                                          f"{MODEL}.eval.json").read_text())["valid"]["ppl"]}
+                                                          f"{args.model}.eval.json").read_text())["valid"]["ppl"]}
     save()
     res["grid"] = []
     for p in grid:

@@ -224,9 +224,11 @@ def test_api_and_cli(tiny_checkpoint, tiny_data):
 
 
 @pytest.mark.skipif(not (resolve_data_dir() / "ptb" / "train.txt").is_file(), reason="needs the PTB data")
-def test_benchmark_quick(tmp_path):
+@pytest.mark.parametrize("model", [None, "lstm-ptb-zaremba-small"])
+def test_benchmark_quick(tmp_path, model):
     out = tmp_path / "dynamic_eval.json"
-    run = subprocess.run([sys.executable, "benchmarks/dynamic_eval.py", "--quick", "--out", str(out)],
+    extra = ["--model", model] if model else []
+    run = subprocess.run([sys.executable, "benchmarks/dynamic_eval.py", "--quick", "--out", str(out), *extra],
                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -234,7 +236,28 @@ def test_benchmark_quick(tmp_path):
     assert len(res["grid"]) == 2 and all(g["valid"]["num_tokens"] == 299 for g in res["grid"])
     assert res["chosen"] == min(res["grid"], key=lambda g: g["valid"]["ppl"])["params"]
     assert res["gradient_stats"]["split"] == "train" and res["speed"]["slowdown_median"] > 0
-    assert out.with_suffix(".md").read_text().startswith("Model `alstm-ptb-5m-light`")
+    assert out.with_suffix(".md").read_text().startswith(f"Model `{model or 'alstm-ptb-5m-light'}`")
+
+
+def test_benchmark_refuses_an_unknown_model_and_a_quick_run_into_the_results():
+    for args, says in ((["--model", "no-such-model"], "no-such-model"), (["--quick"], "--quick needs --out")):
+        run = subprocess.run([sys.executable, "benchmarks/dynamic_eval.py", *args], capture_output=True, text=True,
+                             cwd=REPO, timeout=120)
+        assert run.returncode == 2 and says in run.stderr.strip().splitlines()[-1], run.stderr
+
+
+def test_models_table_reads_every_finished_dynamic_result(tmp_path):
+    from zoo.tools.cards import dynamic_results
+
+    def write(name: str, model: str, quick: bool = False, finished: bool = True) -> None:
+        res = {"meta": {"model": model, "quick": quick}} | ({"dynamic": {"test": {"ppl": 70.5}}} if finished else {})
+        (tmp_path / name).write_text(json.dumps(res))
+
+    write("dynamic_eval.json", "a")
+    write("dynamic_eval-b.json", "b")
+    write("dynamic_eval-c.json", "c", quick=True)
+    write("dynamic_eval-d.json", "d", finished=False)
+    assert dynamic_results(tmp_path) == {"a": 70.5, "b": 70.5}
 
 
 def test_defaults_are_the_benchmarks_validation_choice():

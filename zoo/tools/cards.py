@@ -362,13 +362,16 @@ def short_device(device: str) -> str:
     return device
 
 
-def dynamic_results(path: Path) -> dict[str, float]:
-    """``{model: test perplexity under dynamic evaluation}`` from ``benchmarks/results/dynamic_eval.json`` (the
-    file ``benchmarks/dynamic_eval.py`` writes; empty when it does not exist)."""
-    if not path.is_file():
-        return {}
-    res = json.loads(path.read_text())
-    return {res["meta"]["model"]: res["dynamic"]["test"]["ppl"]} if res.get("dynamic") else {}
+def dynamic_results(results_dir: Path) -> dict[str, float]:
+    """``{model: test perplexity under dynamic evaluation}`` from the files ``benchmarks/dynamic_eval.py`` writes
+    in ``results_dir`` (``dynamic_eval.json``, the defaults' own model, and ``dynamic_eval-NAME.json``); a run
+    that did not finish, or a ``--quick`` one, gives nothing."""
+    out = {}
+    for path in sorted(results_dir.glob("dynamic_eval*.json")):
+        res = json.loads(path.read_text())
+        if res.get("dynamic") and not res["meta"].get("quick"):
+            out[res["meta"]["model"]] = res["dynamic"]["test"]["ppl"]
+    return out
 
 
 def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, float] | None = None) -> str:

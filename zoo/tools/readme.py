@@ -38,6 +38,8 @@ BENCHMARKS = [
     ("quantization.md", "int8 ONNX quantisation"),
     ("serving.md", "TorchServe under load"),
     ("dynamic_eval.md", "Dynamic evaluation: tuned on PTB validation, measured once on test"),
+    # one section per other model measured (``benchmarks/dynamic_eval.py --model NAME``); {} is NAME
+    ("dynamic_eval-*.md", "Dynamic evaluation of `{}`: the defaults and two neighbours on validation, once on test"),
     ("cuda_step.md", "CUDA graphs: the captured training step against the eager one (a lent GPU)"),
     ("card_reproduction.md", "Every card's test number, reproduced by the command the card gives"),
 ]
@@ -56,7 +58,7 @@ def tier_reports(repo: Path = REPO) -> list[Path]:
 def models_section(repo: Path = REPO) -> str:
     from zoo.tools.cards import dynamic_results, models_table_markdown
 
-    parts = [models_table_markdown(dynamic=dynamic_results(repo / RESULTS / "dynamic_eval.json")).strip()]
+    parts = [models_table_markdown(dynamic=dynamic_results(repo / RESULTS)).strip()]
     for tier in tier_reports(repo):
         parts.append(f"{tier.read_text(encoding='utf-8').strip()}\n\n_Source: `model_cards/tiers/{tier.stem}.json`._")
     records = unbundled_runs_table(repo)
@@ -109,10 +111,12 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
 
 def benchmarks_section(repo: Path = REPO) -> str:
     parts = []
-    for fname, title in BENCHMARKS:
-        path = repo / RESULTS / fname
-        if path.is_file():
-            parts.append(f"### {title}\n\n{path.read_text().strip()}\n\n_Source: `{RESULTS.as_posix()}/{fname}`._")
+    for pattern, title in BENCHMARKS:
+        prefix = pattern.split("*")[0]
+        for path in sorted((repo / RESULTS).glob(pattern)):
+            heading = title.format(path.stem.removeprefix(prefix)) if "*" in pattern else title
+            parts.append(f"### {heading}\n\n{path.read_text().strip()}\n\n"
+                         f"_Source: `{RESULTS.as_posix()}/{path.name}`._")
     return "\n\n".join(parts) if parts else "_No benchmark results yet: run `make bench`._"
 
 
