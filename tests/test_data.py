@@ -25,6 +25,15 @@ def test_vocab_and_token_counts(name, vocab, train, valid, test):
     assert c.vocab.count("<eos>") == 1
 
 
+@pytest.mark.parametrize("name,share", [("ptb", 0.061), ("wikitext-2", 0.063)])
+def test_unk_share_of_the_test_splits(name, share):
+    """The share of ``<unk>`` among the test split's words (``<eos>`` not counted) that zoo/scoring.py's
+    ``UNK_SHARE_WARNING`` and the README's "four times the corpora's own 6%" cite."""
+    c = load_corpus(name)
+    words = c.test[c.test != c.vocab.index("<eos>")]
+    assert round(float((words == c.vocab.index("<unk>")).float().mean()), 3) == share
+
+
 def test_data_dir_resolution_order(tmp_path, monkeypatch):
     monkeypatch.setenv("ZOO_DATA_DIR", str(tmp_path / "env"))
     assert resolve_data_dir(tmp_path / "arg") == tmp_path / "arg"

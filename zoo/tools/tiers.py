@@ -181,7 +181,7 @@ def check_claim(claim: dict[str, Any], chosen: dict[str, dict[str, Any] | None],
                    target_max_ratio=claim["max_ratio"], measured_ratio=ratio,
                    met=ratio is not None and ratio <= claim["max_ratio"],
                    detail=(f"baseline best valid {num(best)} at epoch {base_epoch}; model reached it at epoch "
-                           f"{reached} ({ratio:.2f}x; target <= {claim['max_ratio']}x)" if reached else
+                           f"{reached} ({ratio:.3g}x; target <= {claim['max_ratio']}x)" if reached else
                            f"baseline best valid {num(best)} at epoch {base_epoch}; model never reached it"))
     elif kind == "epochs_to_baseline_train":
         final = base["epochs"][-1]["train_loss"]
