@@ -332,3 +332,26 @@ def test_hook_pth_is_silent_without_its_module(tmp_path):
             "print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
     assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "ok", "")
+
+
+def test_agreement_benchmark_is_consistent_and_current():
+    """``benchmarks/results/lm_eval_agreement.json`` (the README's harness table and its agreement sentence): made for
+    a bundled model's current weights (its ``zoo eval`` is the card's test number), the harness's word perplexity
+    one token away from it, the line task the same at every batch size, and the markdown made from this JSON."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from lm_eval_agreement import markdown
+
+    path = REPO / "benchmarks" / "results" / "lm_eval_agreement.json"
+    res = json.loads(path.read_text())
+    entry = zoo.pretrained.catalog()["models"][res["model"]]
+    assert res["card_test"] == entry["metrics"]["test"], "re-run benchmarks/lm_eval_agreement.py: the model changed"
+    z, w = res["zoo_eval"], res["whole"]
+    assert z["ppl"] == pytest.approx(entry["metrics"]["test"], rel=1e-6)
+    assert res["harness_tokens"] == z["num_tokens"] + 1
+    assert abs(res["relative_difference"]) < 1e-4
+    harness_nll = math.log(w["word_perplexity"]) * res["harness_tokens"]
+    assert res["nll_difference_nats"] == pytest.approx(harness_nll - z["nll"])
+    assert any("word_perplexity" in line and f"{w['word_perplexity']:.4f}" in line for line in w["table"])
+    assert [r["batch_size"] for r in res["lines"]] == [1, 32]
+    assert res["lines"][0]["word_perplexity"] == pytest.approx(res["lines"][1]["word_perplexity"], rel=1e-6)
+    assert path.with_suffix(".md").read_text() == markdown(res)

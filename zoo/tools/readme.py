@@ -8,6 +8,7 @@ between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` are produced here, nev
     the tier comparisons ``python -m zoo.tools.tiers`` wrote to ``model_cards/tiers/*.md``, and the training-curve
     figures under ``model_cards/``;
   * ``benchmarks``: the markdown tables each benchmark wrote next to its JSON in ``benchmarks/results/``;
+  * ``lm-eval-agreement``: ``benchmarks/results/lm_eval_agreement.md`` (the harness against ``zoo eval``);
 * ``exports/README.md``: ``quantization`` and ``backends-table``, from ``benchmarks/results/quantization.md``
   and ``backends.md``;
 * ``serving/README.md``: ``serving-benchmark``, from ``benchmarks/results/serving.md``.
@@ -134,7 +135,8 @@ def _result(name: str) -> Callable[[Path], str]:
 
 #: Each generated README (relative to the repository) -> its sections -> how to make a section's body.
 READMES: dict[str, dict[str, Callable[[Path], str]]] = {
-    "README.md": {"models-table": models_section, "benchmarks": benchmarks_section},
+    "README.md": {"models-table": models_section, "benchmarks": benchmarks_section,
+                  "lm-eval-agreement": _result("lm_eval_agreement")},
     "exports/README.md": {"quantization": _result("quantization"), "backends-table": _result("backends")},
     "serving/README.md": {"serving-benchmark": _result("serving")},
 }
