@@ -206,7 +206,7 @@ def test_character_model():
     spaces, and a stop string cuts inside a word."""
     from zoo.lm_eval_plugin import ZooLM
 
-    char = ZooLM(pretrained="alstm-ptbchar-1.5m", batch_size=4)
+    char = ZooLM(pretrained="alstm-ptbchar-1.5m-long", batch_size=4)
     doc = "the stock market fell sharply\nbut analysts were n't sure"
     (got,) = char.loglikelihood_rolling(_requests("loglikelihood_rolling", [(doc,)]), disable_tqdm=True)
     assert got == pytest.approx(-char.model.score(doc)[0]["nll"], rel=1e-9)
