@@ -31,7 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from zoo.files import write_atomic
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from precision import other_processes  # noqa: E402  (the benchmarks' one account of what else ran)
+
+from zoo.files import write_atomic  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -81,12 +84,6 @@ def zoo_eval(model: str, dataset: str) -> dict:
             "nll": res["nll"], "num_tokens": res["num_tokens"]}
 
 
-def others_running() -> list[str]:
-    proc = subprocess.run(["pgrep", "-af", "zoo train|benchmarks/"], capture_output=True, text=True)
-    return [line.split(" ", 1)[1] for line in proc.stdout.splitlines()
-            if " " in line and "pgrep" not in line and "lm_eval_agreement" not in line]
-
-
 def markdown(r: dict) -> str:
     w, z = r["whole"], r["zoo_eval"]
     lines = [f"`{w['command']}` (`{r['model']}`, {r['measured_at']}):", "", "```", *w["table"], "```", "",
@@ -129,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {"model": model, "dataset": entry["dataset"], "card_test": entry["metrics"]["test"], "zoo_eval": z,
            "whole": w, "harness_tokens": tokens, "relative_difference": w["word_perplexity"] / z["ppl"] - 1,
            "nll_difference_nats": math.log(w["word_perplexity"]) * tokens - z["nll"], "lines": lines,
-           "threads": int(_env()["OMP_NUM_THREADS"]), "also_running": others_running(),
+           "threads": int(_env()["OMP_NUM_THREADS"]), "also_running": other_processes(),
            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
