@@ -345,13 +345,16 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], scalars: dict[str, An
     return {"state": state, "param_groups": scalars["param_groups"]}
 
 
-def _set_capturable(opt: torch.optim.Optimizer, on: bool) -> None:
-    """Make a loaded Adam match this run: a checkpoint carries its writer's ``capturable`` flag and step counters
-    (on the device when captured, on the CPU when not), and either run may resume the other's checkpoint."""
+def _set_capturable(opt: torch.optim.Optimizer, on: bool, fused: bool = False) -> None:
+    """Make a loaded Adam match this run: a checkpoint carries its writer's ``capturable`` and ``fused`` flags and
+    step counters (on the device when captured, on the CPU when not), and either run may resume the other's
+    checkpoint (a checkpoint written before Adam was fused on the CPU resumes fused)."""
     if not any("capturable" in g for g in opt.param_groups):
         return
     for g in opt.param_groups:
         g["capturable"] = on
+        if "fused" in g:
+            g["fused"] = fused or None
         for p in g["params"]:
             st = opt.state.get(p, {})
             if torch.is_tensor(st.get("step")):
@@ -405,6 +408,8 @@ class Trainer:
         if self.rank > 0:
             torch.manual_seed(rank_seed(recipe.seed, self.rank))
         self.cuda_graphs = cuda_graphs
+        self._fused_adam = self.device.type == "cpu"
+        self._params = list(self.model.parameters())
         self.optimizer = self._make_optimizer(self.cfg.optimizer)
         self.sentence_mode = self.cfg.mode == "sentences"
         if self.sentence_mode:
@@ -436,10 +441,12 @@ class Trainer:
     def _make_optimizer(self, kind: str) -> torch.optim.Optimizer:
         params = self.model.parameters()
         if kind == "adam":
-            # capturable: its step count lives on the device, so a CUDA graph can replay the update
+            # capturable: its step count lives on the device, so a CUDA graph can replay the update.
+            # fused on the CPU: one pass over each parameter instead of one per term of the update (the
+            # WikiText-2 models' step: 9 ms against 91 ms, ~10% of a training step; same formula).
             return torch.optim.Adam(params, lr=self.cfg.lr, betas=tuple(self.cfg.adam_betas),
                                     eps=self.cfg.adam_eps, weight_decay=self.cfg.weight_decay,
-                                    capturable=self.cuda_graphs)
+                                    capturable=self.cuda_graphs, fused=self._fused_adam or None)
         if kind in ("sgd", "ntasgd"):
             return torch.optim.SGD(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         if kind == "asgd":
@@ -538,7 +545,7 @@ class Trainer:
             self.asgd = True
             self.optimizer = self._make_optimizer("asgd")
         self.optimizer.load_state_dict(_unflatten_optimizer(tensors, meta["optim_scalars"]))
-        _set_capturable(self.optimizer, self.cuda_graphs)
+        _set_capturable(self.optimizer, self.cuda_graphs, self._fused_adam)
         torch.set_rng_state(tensors["rng.torch"])
         if "rng.cuda" in tensors and self.device.type == "cuda":
             torch.cuda.set_rng_state(tensors["rng.cuda"], self.device)
@@ -707,6 +714,11 @@ class Trainer:
         if self.cfg.clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
         self.optimizer.step()
+        if self._fused_adam and not self.asgd:
+            # the fused kernel writes the weights without counting an in-place change, and the compiled loops'
+            # weight cache (zoo.models._compiled.cached_weights) keys on that count: evaluation would read
+            # the weights of the last evaluation (a test resumes a sweep prefix and compares)
+            torch.autograd.graph.increment_version(self._params)
         for g in self.optimizer.param_groups:
             g["lr"] = self.lr
         return loss.detach(), state

@@ -164,7 +164,9 @@ def cached_weights(stack: Any, params: list[torch.Tensor],
     """A compiled loop's ``(sizes, weights)`` for ``stack``, from ``build()`` once and then from a cache on the
     stack while its parameters are unchanged (same storage, same in-place version, so an optimiser step or
     ``load_state_dict`` invalidates it): inference calls, often a few tokens long in the demo and the
-    server, then skip the transposed copies."""
+    server, then skip the transposed copies. A fused optimiser (``torch.optim.Adam(fused=True)``) writes the
+    weights without counting a version: its caller bumps them (``torch.autograd.graph.increment_version``,
+    as the trainer does)."""
     key = tuple((p.data_ptr(), p._version, tuple(p.shape)) for p in params)
     cached = stack.__dict__.get("_compiled_weights_cache")
     if cached is not None and cached[0] == key:

@@ -1,19 +1,29 @@
 """The training loss fused with the decoder: ``cross_entropy(h @ W^T + b, y)`` a block of rows at a time.
 
 Why: at the zoo's sizes the decoder is the largest GEMM of a training step (PTB: ``[1400, 256] x [256, 10000]``
-per batch) and its loss touches the ``[rows, vocab]`` logits four times (GEMM out, log-softmax, its backward, the
-two backward GEMMs in). Materialised whole, those logits (56 MB for PTB, 186 MB for WikiText-2) stream through
-memory each time; the decoder and its loss are ~45% of an LSTM step's and ~30% of an aLSTM step's profile on one
-core. What blocking buys in speed depends on how busy the memory system is: from about even on a quiet machine
-to ~1.1x with the other core training too (``benchmarks/precision.py``, "fused decoder + loss"); it always saves
-the logits' memory, and under bf16 it keeps them float32. Here a block of
-``CHUNK`` rows is decoded, soft-maxed, turned into its gradient ``(softmax - onehot) / n`` and pushed through
-both backward GEMMs while it is still in cache, and only the gradients w.r.t. ``h``, ``W`` and ``b`` are kept
-for the backward, which just scales them by the incoming gradient. Same arithmetic as
+per batch; WikiText-2: ``x [256, 33278]``, ~75% of a step's time on one core) and its loss touches the
+``[rows, vocab]`` logits several times (GEMM out, log-softmax, its backward, the two backward GEMMs in).
+Materialised whole in float32, those logits (56 MB for PTB, 186 MB for WikiText-2) stream through memory each
+time. Here a block of ``CHUNK`` rows is decoded, soft-maxed and turned into its gradient
+``(softmax - onehot) / n`` while it is still in cache, and only the gradients w.r.t. ``h``, ``W`` and ``b`` are
+kept for the backward, which just scales them by the incoming gradient. Same arithmetic as
 ``F.cross_entropy(F.linear(h, W, b), y, ignore_index=...)`` up to float summation order (tested to 1e-5).
 
+The softmax takes one exponential per logit: ``exp(z - max)`` in place, its row sum gives both the
+log-sum-exp (the loss) and the normaliser (the gradient).
+
 Precision: the GEMMs go through :mod:`zoo.models._gemm` (bf16 under bf16 autocast), while the logits, the
-log-sum-exp and the loss stay float32 (better than autocast's own bf16 logits).
+log-sum-exp, the loss and the softmax stay float32 (better than autocast's own bf16 logits). The two backward
+GEMMs differ by precision:
+
+* **float32**: per block, ``dh`` into its rows and ``dW += block^T h`` accumulated in place (``addmm_``).
+* **bf16**: the block's gradient is written once, in bf16, into a ``[rows, vocab]`` buffer (what the backward
+  GEMMs would cast it to anyway), and after the last block ``dh = G W`` and ``dW = G^T h`` are two whole-batch
+  bf16 GEMMs. Per block that saves casting the gradient twice (once transposed), a ``[vocab, E]`` float32
+  product and its addition into ``dW``: for WikiText-2, eleven 34 MB products per step. Measured
+  (``benchmarks/fused_loss.py``, one core): the decoder + loss in 0.73x the time of the per-block version at
+  the WikiText-2 tier's shape, 0.81x at the PTB tier's. The buffer holds half of the float32 logits' bytes
+  (93 MB at WikiText-2's 1400 x 33,278).
 """
 
 from __future__ import annotations
@@ -29,33 +39,60 @@ from zoo.models import _gemm as gemm
 CHUNK = 128
 
 
+def _softmax_grad_(z: Tensor, yc: Tensor, kc: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Turn the logits block ``z [C, V]`` (float32, in place) into ``exp(z - max)`` with the target entries
+    lowered by the row sum, and return ``(row_scale [C, 1], loss_sum, rows)`` such that
+    ``z * row_scale`` is d(mean loss)/d(logits) (0 on ignored rows) and ``loss_sum`` the block's summed loss."""
+    rows = torch.arange(z.shape[0], device=z.device)
+    m = z.amax(1, keepdim=True)
+    zy = z[rows, yc]
+    z.sub_(m).exp_()
+    s = z.sum(1)
+    loss_sum = ((m.squeeze(1) + s.log() - zy) * kc).sum(dtype=torch.float64)
+    z[rows, yc] -= s                                   # softmax - onehot, times s
+    return (kc.to(z.dtype) / (n * s))[:, None], loss_sum, rows
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: Tensor, w: Tensor, b: Tensor | None, y: Tensor, ignore_index: int,  # type: ignore[override]
                 dtype: torch.dtype | None) -> Tensor:
         with gemm.compute(dtype, h.device.type):
-            n_rows = h.shape[0]
+            n_rows, n_vocab = h.shape[0], w.shape[0]
             keep = y != ignore_index
             n = int(keep.sum())
-            gh, gw = torch.zeros_like(h), torch.zeros_like(w)
-            gb = torch.zeros_like(b) if b is not None else None
             total = torch.zeros((), dtype=torch.float64, device=h.device)
-            if n:
-                wl = gemm.lowp(w)
+            gb = torch.zeros_like(b) if b is not None else None
+            if not n:
+                gh, gw = torch.zeros_like(h), torch.zeros_like(w)
+            else:
                 bias = b if b is not None else h.new_zeros(())
+                low = gemm.current()
+                wl, hl = gemm.lowp(w), gemm.lowp(h)
+                z_buf = torch.empty((min(CHUNK, n_rows), n_vocab), dtype=torch.float32, device=h.device)
+                if low is None:
+                    gh, gw = torch.empty_like(h), torch.zeros_like(w)
+                else:
+                    grad = torch.empty((n_rows, n_vocab), dtype=low, device=h.device)
                 for s in range(0, n_rows, CHUNK):
-                    hc, yc, kc = h[s:s + CHUNK], y[s:s + CHUNK], keep[s:s + CHUNK]
+                    hc, yc, kc = hl[s:s + CHUNK], y[s:s + CHUNK], keep[s:s + CHUNK]
                     yc = yc.masked_fill(~kc, 0)
-                    z = gemm.addmm(bias, hc, wl.t())                       # logits [C, V], float32
-                    lse = torch.logsumexp(z, 1)
-                    total += ((lse - z.gather(1, yc[:, None]).squeeze(1)) * kc).sum(dtype=torch.float64)
-                    z.sub_(lse[:, None]).exp_()                            # softmax, in place
-                    z[torch.arange(z.shape[0], device=z.device), yc] -= 1.0
-                    z.mul_((kc.to(z.dtype) / n)[:, None])                  # d mean-loss / d logits (0: ignored)
-                    gemm.mm(z, wl, out=gh[s:s + CHUNK])
-                    gw.add_(gemm.mm(z.t(), hc))
+                    z = z_buf[:hc.shape[0]]
+                    gemm.addmm(bias, hc, wl.t(), out=z)                          # logits [C, V], float32
+                    scale, loss_sum, _ = _softmax_grad_(z, yc, kc, n)
+                    total += loss_sum
                     if gb is not None:
-                        gb.add_(z.sum(0))
+                        gb.add_(torch.mv(z.t(), scale.squeeze(1)))
+                    if low is None:
+                        z.mul_(scale)
+                        torch.mm(z, w, out=gh[s:s + CHUNK])
+                        gw.addmm_(z.t(), hc)
+                    else:
+                        torch.mul(z, scale, out=grad[s:s + CHUNK])             # rounded once, to bf16
+                if low is not None:
+                    gh = torch.mm(grad, wl).float()
+                    gw = torch.mm(grad.t(), hl).float()
+                    del grad
         ctx.save_for_backward(gh, gw, *([gb] if gb is not None else []))
         ctx.has_bias = gb is not None
         return (total / max(n, 1)).to(h.dtype)
@@ -70,5 +107,5 @@ class _LinearCrossEntropy(torch.autograd.Function):
 def linear_cross_entropy(h: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
                          ignore_index: int = -100) -> Tensor:
     """Mean cross-entropy of ``h [N, E] @ weight.T + bias`` against ``target [N]`` over the targets that are not
-    ``ignore_index``, without keeping the logits (see the module docstring)."""
+    ``ignore_index``, without keeping the float32 logits (see the module docstring)."""
     return _LinearCrossEntropy.apply(h, weight, bias, target, ignore_index, gemm.autocast_dtype(h))

@@ -35,6 +35,7 @@ BENCHMARKS = [
     ("precision.md", "Training precision: fp32 vs bf16, the two-core layout, bf16 inference"),
     ("precision_quality.md", "Training precision: equal quality of bf16 (2 epochs, same seed)"),
     ("precision_quality_char.md", "Training precision: equal quality of bf16 for the character-level cells"),
+    ("fused_loss.md", "Training step: the bf16 decoder + loss with whole-batch backward GEMMs, and fused Adam"),
     ("backends.md", "Inference backends (eager vs TorchScript vs ONNX Runtime)"),
     ("quantization.md", "int8 ONNX quantisation"),
     ("serving.md", "TorchServe under load"),
