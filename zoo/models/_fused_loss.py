@@ -39,9 +39,9 @@ from zoo.models import _gemm as gemm
 CHUNK = 128
 
 
-def _softmax_grad_(z: Tensor, yc: Tensor, kc: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+def _softmax_grad_(z: Tensor, yc: Tensor, kc: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """Turn the logits block ``z [C, V]`` (float32, in place) into ``exp(z - max)`` with the target entries
-    lowered by the row sum, and return ``(row_scale [C, 1], loss_sum, rows)`` such that
+    lowered by the row sum, and return ``(row_scale [C, 1], loss_sum)`` such that
     ``z * row_scale`` is d(mean loss)/d(logits) (0 on ignored rows) and ``loss_sum`` the block's summed loss."""
     rows = torch.arange(z.shape[0], device=z.device)
     m = z.amax(1, keepdim=True)
@@ -50,7 +50,7 @@ def _softmax_grad_(z: Tensor, yc: Tensor, kc: Tensor, n: int) -> tuple[Tensor, T
     s = z.sum(1)
     loss_sum = ((m.squeeze(1) + s.log() - zy) * kc).sum(dtype=torch.float64)
     z[rows, yc] -= s                                   # softmax - onehot, times s
-    return (kc.to(z.dtype) / (n * s))[:, None], loss_sum, rows
+    return (kc.to(z.dtype) / (n * s))[:, None], loss_sum
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -79,7 +79,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     yc = yc.masked_fill(~kc, 0)
                     z = z_buf[:hc.shape[0]]
                     gemm.addmm(bias, hc, wl.t(), out=z)                          # logits [C, V], float32
-                    scale, loss_sum, _ = _softmax_grad_(z, yc, kc, n)
+                    scale, loss_sum = _softmax_grad_(z, yc, kc, n)
                     total += loss_sum
                     if gb is not None:
                         gb.add_(torch.mv(z.t(), scale.squeeze(1)))
