@@ -408,7 +408,7 @@ class Trainer:
         if self.rank > 0:
             torch.manual_seed(rank_seed(recipe.seed, self.rank))
         self.cuda_graphs = cuda_graphs
-        self._fused_adam = self.device.type == "cpu"
+        self._fused_adam = self.device.type == "cpu" and self.cfg.optimizer == "adam"
         self._params = list(self.model.parameters())
         self.optimizer = self._make_optimizer(self.cfg.optimizer)
         self.sentence_mode = self.cfg.mode == "sentences"
@@ -714,7 +714,7 @@ class Trainer:
         if self.cfg.clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
         self.optimizer.step()
-        if self._fused_adam and not self.asgd:
+        if self._fused_adam:
             # the fused kernel writes the weights without counting an in-place change, and the compiled loops'
             # weight cache (zoo.models._compiled.cached_weights) keys on that count: evaluation would read
             # the weights of the last evaluation (a test resumes a sweep prefix and compares)
