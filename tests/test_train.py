@@ -500,6 +500,31 @@ def test_a_sweep_prefix_continued_to_the_full_budget_equals_the_full_run(tmp_pat
     assert evs[1]["epochs_trained"] == 2 and evs[1]["test"]["ppl"] == evs[0]["test"]["ppl"]
 
 
+def test_evaluation_after_fused_adam_steps_reads_the_new_weights(tmp_path, kill_data):
+    """On the CPU the trainer's Adam is fused, and the fused kernel writes the weights without counting an in-place
+    change, which the compiled inference loop's weight cache keys on: without the trainer bumping the counters, a
+    no-grad forward after a training step ran on the weights cached at the previous evaluation."""
+    import copy
+
+    from zoo.models import _compiled
+
+    if _compiled.get("alstm_infer") is None:
+        pytest.skip("the compiled aLSTM inference loop is not built here")
+    t = Trainer(Recipe.load(write_recipe(tmp_path / "r.toml", arch="alstm")), tmp_path / "run",
+                data_dir=str(kill_data), progress=False, device="cpu")
+    assert t.optimizer.param_groups[0]["fused"]
+    x, y = t.train_data[:12].t(), t.train_data[1:13].t()
+    with torch.no_grad():
+        before = t.model.eval()(x)[0]                  # fills the cache
+    t.model.train()
+    t.train_step(x, y, 12)
+    with torch.no_grad():
+        got = t.model.eval()(x)[0]
+        fresh = copy.deepcopy(t.model)(x)[0]           # new storage: the cache cannot match
+    assert not torch.equal(got, before), "the training step changed nothing"
+    torch.testing.assert_close(got, fresh, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("line", "message"), [
     ('save_dtype = "bogus"', "save_dtype must be one of float32, float16, bfloat16"),
     ("clip = -0.25", "clip must be a number >= 0"),
