@@ -7,7 +7,8 @@ Sections (all measured by this script, in this order, on this machine):
 2. **Training**: every architecture (LSTM, aLSTM, HyperLSTM, p-norm GRU) at hidden 200 and 650 (the
    ``benchmarks/cells.py`` models: vocabulary 10k, tied, 2 layers, batch 20, BPTT 35) and at the PTB-tier sizes
    (the ``*-ptb-5m-light`` / ``pnorm-gru-ptb-5m-p1`` recipes' models: batch 20, BPTT 70), each in fp32 and bf16:
-   forward + backward + clipping + Adam, dropout on, the trainer's loss path (decoder fused with the loss).
+   forward + backward + clipping + Adam, dropout on, the trainer's loss path (decoder fused with the loss). Adam
+   is torch's default (the trainer's is fused on the CPU, ``benchmarks/fused_loss.py``): both precisions pay the same.
    Interleaved rounds, process CPU time, one thread; the
    speed-up is the median over rounds of ``time(fp32) / time(bf16)`` within a round. A profile of the aLSTM's
    step at hidden 650 in both precisions shows where the time goes.

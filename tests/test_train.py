@@ -525,6 +525,22 @@ def test_evaluation_after_fused_adam_steps_reads_the_new_weights(tmp_path, kill_
     torch.testing.assert_close(got, fresh, rtol=0, atol=0)
 
 
+def test_a_checkpoint_of_an_unfused_adam_resumes_fused(tmp_path, kill_data):
+    """Checkpoints written before Adam was fused on the CPU carry ``fused: None`` in their param groups, which
+    ``load_state_dict`` would put back: the resumed run is fused again, and trains."""
+    recipe = write_recipe(tmp_path / "r.toml", arch="lstm")
+    old = Trainer(Recipe.load(recipe), tmp_path / "run", data_dir=str(kill_data), progress=False, device="cpu")
+    old._fused_adam = False
+    old.optimizer = old._make_optimizer("adam")
+    x, y = old.train_data[:12].t(), old.train_data[1:13].t()
+    old.train_step(x, y, 12)
+    old.save_training_checkpoint()
+    new = Trainer(Recipe.load(recipe), tmp_path / "run", data_dir=str(kill_data), progress=False, device="cpu")
+    assert new.load_training_checkpoint()
+    assert all(g["fused"] for g in new.optimizer.param_groups)
+    assert torch.isfinite(torch.tensor(new.train_step(x, y, 12)))
+
+
 @pytest.mark.parametrize(("line", "message"), [
     ('save_dtype = "bogus"', "save_dtype must be one of float32, float16, bfloat16"),
     ("clip = -0.25", "clip must be a number >= 0"),

@@ -133,7 +133,8 @@ class LanguageModel(nn.Module):
                       ignore_index: int = -100) -> tuple[Tensor, Tensor, Tensor, State]:
         """Training forward and mean cross-entropy over the targets (those equal to ``ignore_index`` left out):
         ``(loss, raw_out, dropped_out, state)``. On the CPU the decoder runs fused with the loss, a block of rows at a
-        time (:mod:`zoo.models._fused_loss`: the same numbers as decoding then ``cross_entropy``, without the logits);
+        time (:mod:`zoo.models._fused_loss`: the same numbers as decoding then ``cross_entropy``, without the float32
+        logits);
         on CUDA it decodes, then takes a float32 ``cross_entropy`` (see the comment below)."""
         _, out, dropped, state = self.forward_hidden(tokens, state, decode=False)
         h = dropped.reshape(-1, dropped.shape[-1])

@@ -612,12 +612,14 @@ class Trainer:
             st = self.optimizer.state.get(p, {})
             if "ax" in st:
                 backup[p] = p.detach().clone()
-                p.data.copy_(st["ax"])
+                with torch.no_grad():   # (not .data: an in-place change the compiled loops' weight cache sees)
+                    p.copy_(st["ax"])
         return backup
 
     def _restore(self, backup) -> None:
-        for p, v in (backup or {}).items():
-            p.data.copy_(v)
+        with torch.no_grad():
+            for p, v in (backup or {}).items():
+                p.copy_(v)
 
     def evaluate(self, split: str, batch_size: int) -> dict[str, Any]:
         self.model.eval()

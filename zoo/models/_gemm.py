@@ -12,7 +12,8 @@ So the paths call these functions instead of ``torch.mm`` & co., and the precisi
   product is computed by the bf16 kernel (oneDNN / cuBLAS accumulate in float32) and its bf16 result is
   widened into the float32 output. Everything else stays float32: bias additions, gate nonlinearities, the
   cell and hidden states carried between steps, the buffers the backward reads, the weight gradients handed to
-  the optimiser. Weights are cast once per call (:func:`lowp`), activations per GEMM.
+  the optimiser. Weights are cast once per call (:func:`lowp`), activations per GEMM (or once, with
+  :func:`lowp`, where one activation feeds several GEMMs).
 
 The choice is made by :func:`autocast_dtype` on entry and pinned for the forward and the backward of the call
 with :func:`compute` (which also switches autocast off inside, so that nothing but these functions changes
@@ -62,7 +63,8 @@ def compute(dtype: torch.dtype | None, device_type: str) -> Iterator[None]:
 
 
 def lowp(w: Tensor) -> Tensor:
-    """``w`` in the current GEMM dtype (a weight, cast once per call); unchanged in float32."""
+    """``w`` in the current GEMM dtype (a weight, or an activation that feeds several GEMMs: cast once per call);
+    unchanged in float32."""
     dt = current()
     return w if dt is None or w.dtype == dt else w.to(dt)
 
