@@ -339,7 +339,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from zoo.train import Interrupted, Recipe, Trainer, recipe_path
 
-    _require(args, positive=("--jobs", "--epochs", "--log-every-steps"), non_negative=("--max-minutes",))
+    _require(args, positive=("--jobs", "--epochs", "--log-every-steps"),
+             non_negative=("--max-minutes", "--pause-after-minutes"))
     if len(args.recipe) > 1:
         return _train_parallel(args)
     recipe = Recipe.load(recipe_path(args.recipe[0]))  # a missing or malformed recipe is a ZooError: one line
@@ -355,7 +356,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
                           crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps,
                           crash_signal=getattr(signal, f"SIG{args.crash_signal}"), log_to=tuple(args.log_to or ()),
-                          log_every_steps=args.log_every_steps, cuda_graphs=args.cuda_graphs)
+                          log_every_steps=args.log_every_steps, cuda_graphs=args.cuda_graphs,
+                          pause_after_minutes=args.pause_after_minutes or 0.0)
     except ValueError as e:      # options this run cannot take (--cuda-graphs on a CPU, a bad log target, ...)
         raise UsageError(str(e)) from None
     try:
@@ -363,7 +365,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     except Interrupted as e:
         print(f"zoo train: {e}", file=sys.stderr)
         return 128 + e.signum
-    if result:
+    if result and result.get("paused"):
+        print(json.dumps({"run_dir": str(run_dir), "paused_after_epoch": result["epochs_trained"],
+                          "epochs": result["epochs"], "valid_ppl": result["valid_ppl"]}))
+        print("zoo train: paused at an epoch end (--pause-after-minutes); continue with --resume",
+              file=sys.stderr)
+    elif result:
         print(json.dumps({"run_dir": str(run_dir), "valid_ppl": result["valid"]["ppl"],
                           "test_ppl": result["test"]["ppl"], "epochs": result["epochs_trained"]}))
     return 0
@@ -538,6 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--epochs", type=int, help="override the recipe's epoch count")
     sp.add_argument("--max-minutes", type=float, help="stop cleanly at the first epoch end past this budget "
                     "(minutes of training; 0: no budget, also cancelling a recipe's own)")
+    sp.add_argument("--pause-after-minutes", type=float,
+                    help="train one piece of a longer run: stop at the first epoch end past this many minutes of "
+                         "this process, checkpointed and not finished (no test evaluation); --resume continues")
     sp.add_argument("--precision", choices=list(PRECISIONS),
                     help="compute precision of training (default: the recipe's, else fp32); bf16 is mixed "
                          "precision with float32 weights and checkpoints (see zoo/precision.py)")

@@ -367,8 +367,14 @@ class Trainer:
     def __init__(self, recipe: Recipe, run_dir: str | os.PathLike, data_dir: str | None = None,
                  device: str | None = None, progress: bool = True, crash_after_steps: int = 0,
                  checkpoint_every_steps: int = 0, crash_signal: int = signal.SIGKILL,
-                 log_to: tuple[str, ...] = (), log_every_steps: int = 50, cuda_graphs: bool = False):
+                 log_to: tuple[str, ...] = (), log_every_steps: int = 50, cuda_graphs: bool = False,
+                 pause_after_minutes: float = 0.0):
         self.recipe, self.cfg = recipe, recipe.train
+        # a piece of a longer run (a lent GPU's ten-minute call): stop at the first epoch end past this many minutes
+        # of this process, checkpointed and unfinished (no test evaluation), for a later --resume to continue
+        if not (math.isfinite(pause_after_minutes) and pause_after_minutes >= 0):
+            raise ConfigError(f"pause_after_minutes must be a number >= 0, got {pause_after_minutes!r}")
+        self.pause_after_minutes = pause_after_minutes
         self.run_dir = Path(run_dir)
         self.device = _parse_device(device)
         # Carried recurrent states drift into denormal floats, which made CPU training ~15x slower
@@ -780,6 +786,7 @@ class Trainer:
         self.model.train()
         cfg = self.cfg
         start_wall = self._start_wall = time.time() - self.elapsed
+        piece_start = time.time()
         last_ckpt = time.time()
         steps_since_start = 0
         while self.epoch <= cfg.epochs:
@@ -847,6 +854,12 @@ class Trainer:
             if over and self.epoch <= cfg.epochs:
                 self._log_line({"event": "budget_stop", "epoch": self.epoch - 1, "elapsed": self.elapsed})
                 break
+            pause, _ = self._agree(bool(self.pause_after_minutes) and
+                                   time.time() - piece_start > self.pause_after_minutes * 60, 0)
+            if pause and self.epoch <= cfg.epochs:
+                self._log_line({"event": "paused", "epoch": self.epoch - 1, "step": self.step, "elapsed": self.elapsed})
+                return {"paused": True, "epochs_trained": self.epoch - 1, "epochs": cfg.epochs,
+                        "valid_ppl": math.exp(self.history[-1]) if self.history else None}
         self._check_ranks_in_sync()
         return self.finish()
 

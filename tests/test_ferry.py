@@ -1,0 +1,130 @@
+"""zoo/tools/ferry.py: a run packed into the device tool's return and unpacked here resumes and trains on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.test_train import tiny_data, write_recipe  # noqa: F401 (tiny_data is a fixture)
+from zoo.tools import ferry
+from zoo.train import Recipe, Trainer
+
+
+def test_log8_code_keeps_each_value_within_half_a_step_and_zero_exact():
+    v = torch.cat([torch.zeros(3), torch.logspace(-40, 0, 5000, base=2.0), torch.rand(1000) * 1e-6])
+    q, lo, hi = ferry.encode_log8(v)
+    back = ferry.decode_log8(q, lo, hi)
+    assert q.dtype == torch.uint8 and torch.equal(back[:3], torch.zeros(3))
+    step = (hi - lo) / ferry.LEVELS
+    ratio = (back[3:] / v[3:]).log2().abs()
+    assert float(ratio.max()) <= step / 2 + 1e-5
+    assert float(ratio.max()) > step / 4  # the code is 8-bit: it does round (a test of the test)
+
+
+def _train(tmp_path: Path, data: Path, run: str, epochs: int) -> dict:
+    recipe = Recipe.load(write_recipe(tmp_path / f"{run}-{epochs}.toml", epochs=epochs))
+    return Trainer(recipe, tmp_path / run, data_dir=str(data), progress=False).run(resume=True)
+
+
+def test_packed_run_fits_the_return_unpacks_and_resumes_close_to_the_original(tmp_path, tiny_data):  # noqa: F811
+    _train(tmp_path, tiny_data, "a", epochs=1)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    manifest = ferry.pack(tmp_path / "a", tmp_path / "out")
+    assert manifest["epoch"] == 2 and manifest["best_is_checkpoint"]
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == [ferry.MANIFEST] + [p["name"] for p in manifest["parts"]]
+    assert all((tmp_path / "out" / f).stat().st_size <= ferry.PART_BYTES for f in files)
+
+    ferry.unpack(tmp_path / "out", tmp_path / "c")
+    orig = load_file(str(tmp_path / "a" / "checkpoint" / "state.safetensors"))
+    back = load_file(str(tmp_path / "c" / "checkpoint" / "state.safetensors"))
+    assert orig.keys() == back.keys()
+    for k, v in orig.items():
+        if k.startswith("model."):
+            torch.testing.assert_close(back[k], v.half().float(), rtol=0, atol=0)
+        elif k.endswith(".exp_avg"):
+            assert not back[k].any()
+        elif k.endswith(".exp_avg_sq"):
+            pos = v > 0
+            assert torch.equal(back[k] > 0, pos)
+            assert float((back[k][pos] / v[pos]).log2().abs().max()) < 0.2
+        else:
+            assert torch.equal(back[k], v), k  # step counters, RNG states, carried state: exact
+    best = load_file(str(tmp_path / "c" / "best" / "model.safetensors"))
+    assert best.keys() == {k[6:] for k in back if k.startswith("model.")}
+    log = [json.loads(x) for x in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["event"] == "ferried" and "best_reset" not in log[-1]
+
+    plain = _train(tmp_path, tiny_data, "b", epochs=2)
+    carried = _train(tmp_path, tiny_data, "c", epochs=2)
+    assert carried["epochs_trained"] == 2
+    assert carried["valid"]["ppl"] == pytest.approx(plain["valid"]["ppl"], rel=0.01)
+    log = [json.loads(x) for x in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in log if "valid_ppl" in r] == [1, 2]
+    assert any(r.get("event") == "ferried" for r in log)
+
+    with pytest.raises(ferry.FerryError, match="already holds"):  # never back over a later checkpoint
+        ferry.unpack(tmp_path / "out", tmp_path / "c")
+
+
+def test_best_not_the_last_epoch_resets_best_to_it_and_says_so(tmp_path, tiny_data):  # noqa: F811
+    _train(tmp_path, tiny_data, "a", epochs=1)
+    best = tmp_path / "a" / "best" / "model.safetensors"
+    w = load_file(str(best))
+    first = next(iter(w))
+    w[first] = w[first] + 1.0  # best/ no longer the checkpoint's weights (as after an epoch that got worse)
+    save_file(w, str(best), metadata={"format": "pt", "tied": "[]"})
+    meta = json.loads((tmp_path / "a" / "checkpoint" / "meta.json").read_text())
+    manifest = ferry.pack(tmp_path / "a", tmp_path / "out")
+    assert not manifest["best_is_checkpoint"]
+    result = ferry.unpack(tmp_path / "out", tmp_path / "c")
+    assert result["event"]["best_reset"] == {"from": meta["best_val"], "to": meta["history"][-1]}
+    ckpt_meta = json.loads((tmp_path / "c" / "checkpoint" / "meta.json").read_text())
+    assert ckpt_meta["best_val"] == meta["history"][-1]
+
+
+def test_refusals_are_one_line_errors(tmp_path, tiny_data, capsys):  # noqa: F811
+    _train(tmp_path, tiny_data, "a", epochs=1)
+    ferry.pack(tmp_path / "a", tmp_path / "out")
+    part = tmp_path / "out" / "ferry.part00"
+    data = bytearray(part.read_bytes())
+    data[100] ^= 1
+    part.write_bytes(bytes(data))
+    assert ferry.main(["unpack", str(tmp_path / "out"), str(tmp_path / "c")]) == 2
+    assert "SHA-256" in capsys.readouterr().err
+    meta_path = tmp_path / "a" / "checkpoint" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["optim_scalars"]["param_groups"][0]["betas"] = [0.9, 0.999]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ferry.FerryError, match="beta1 = 0"):
+        ferry.pack(tmp_path / "a", tmp_path / "out3")
+
+
+def test_a_piece_paused_at_an_epoch_end_carries_and_one_stopped_mid_epoch_carries_without_best(tmp_path, tiny_data):  # noqa: F811,E501
+    """--pause-after-minutes stops at the first epoch end past it, unfinished (no eval.json), and --resume goes on;
+    a mid-epoch checkpoint (a SIGTERM) travels without best/, which the next epoch end writes."""
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", epochs=3))
+    paused = Trainer(recipe, tmp_path / "a", data_dir=str(tiny_data), progress=False,
+                     pause_after_minutes=1e-6).run()
+    assert paused == {"paused": True, "epochs_trained": 1, "epochs": 3, "valid_ppl": pytest.approx(
+        json.loads((tmp_path / "a" / "log.jsonl").read_text().splitlines()[0])["valid_ppl"])}
+    assert not (tmp_path / "a" / "eval.json").exists()
+    log = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["event"] == "paused" and log[-1]["epoch"] == 1
+
+    meta_path = tmp_path / "a" / "checkpoint" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["pos"] = 5  # as if stopped by a signal five rows into epoch 2
+    meta_path.write_text(json.dumps(meta))
+    manifest = ferry.pack(tmp_path / "a", tmp_path / "out")
+    assert manifest["mid_epoch"] and not manifest["best_is_checkpoint"]
+    result = ferry.unpack(tmp_path / "out", tmp_path / "c")
+    assert result["event"]["best_reset"]["to"] == float("inf")
+    assert not (tmp_path / "c" / "best").exists()
+    done = Trainer(recipe, tmp_path / "c", data_dir=str(tiny_data), progress=False).run(resume=True)
+    assert done["epochs_trained"] == 3 and (tmp_path / "c" / "best" / "model.safetensors").is_file()
