@@ -6,6 +6,17 @@
 # with the run's log. Here, afterwards: python -m zoo.tools.ferry unpack FILES_AT runs/RECIPE
 #
 #   usage (device run, repo root, .devrun carried): bash zoo/tools/gpu_piece.sh RECIPE MINUTES
+#
+# Here, before the call (the device tool sends the tracked tree, 64 MiB at most with what is carried, and the
+# bundled weights in zoo/pretrained, ~160 MB, are not needed there):
+#   git rm -r -q --cached zoo/pretrained && echo /zoo/pretrained/ >> .git/info/exclude
+#   mkdir -p .devrun/data && cp -r ../shared/data/ptb .devrun/data/
+#   python -m zoo.tools.ferry pack runs/RECIPE .devrun/ferry      # the run so far (52 MB for the 17.2M aLSTM)
+# and after it (the index as it was):
+#   git reset -q -- zoo/pretrained && sed -i '\#^/zoo/pretrained/$#d' .git/info/exclude
+#   python -m zoo.tools.ferry unpack FILES_AT runs/RECIPE && rm -r .devrun/ferry
+# Two pieces in one session can share the machine while it is warm (30 s): the second then finds /tmp/runs/RECIPE
+# there and resumes it exactly; guard it with `test -f /tmp/runs/RECIPE/checkpoint/meta.json || exit 3`.
 set -u
 recipe=$1 minutes=$2
 export ZOO_DATA_DIR=${ZOO_DATA_DIR:-$PWD/.devrun/data} PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
