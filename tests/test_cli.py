@@ -119,6 +119,8 @@ def test_info(capsys, tiny_checkpoint):
      "--max-minutes must be at least 0"),
     (["train", "lstm-ptb-zaremba-small", "--max-minutes", "nan", "--run-dir", "{missing}"],
      "--max-minutes must be at least 0, got nan"),
+    (["train", "lstm-ptb-zaremba-small", "--pause-after-minutes", "-1", "--run-dir", "{missing}"],
+     "--pause-after-minutes must be at least 0"),
     # argparse's own errors are one line too (it printed its usage block before the message)
     (["score", "{ckpt}", "--text", "x", "--batch-size", "abc"], "zoo score: error: argument --batch-size: invalid"),
     (["eval", "{ckpt}", "--split", "foo"], "invalid choice: 'foo'"),

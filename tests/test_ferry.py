@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.test_train import tiny_data, write_recipe  # noqa: F401 (tiny_data is a fixture)
+from tests.test_train import tiny_data, write_recipe, zoo  # noqa: F401 (tiny_data is a fixture)
 from zoo.tools import ferry
 from zoo.train import Recipe, Trainer
 
@@ -128,3 +128,15 @@ def test_a_piece_paused_at_an_epoch_end_carries_and_one_stopped_mid_epoch_carrie
     assert not (tmp_path / "c" / "best").exists()
     done = Trainer(recipe, tmp_path / "c", data_dir=str(tiny_data), progress=False).run(resume=True)
     assert done["epochs_trained"] == 3 and (tmp_path / "c" / "best" / "model.safetensors").is_file()
+
+
+def test_cli_pause_prints_where_it_stopped_and_resume_finishes(tmp_path, tiny_data):  # noqa: F811
+    recipe = write_recipe(tmp_path / "r.toml", epochs=2)
+    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--run-dir", str(tmp_path / "run")]
+    paused = zoo(*base, "--pause-after-minutes", "0.000001")
+    assert paused.returncode == 0, paused.stderr[-2000:]
+    assert json.loads(paused.stdout.strip().splitlines()[-1])["paused_after_epoch"] == 1
+    assert "continue with --resume" in paused.stderr and not (tmp_path / "run" / "eval.json").exists()
+    done = zoo(*base, "--resume")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["epochs"] == 2

@@ -274,6 +274,7 @@ def _train_parallel(args: argparse.Namespace) -> int:
     failed = []
     passthrough = [f for flag, val in (("--data-dir", args.data_dir), ("--device", args.device),
                                        ("--epochs", args.epochs), ("--max-minutes", args.max_minutes),
+                                       ("--pause-after-minutes", args.pause_after_minutes),
                                        ("--precision", args.precision), ("--log-every-steps", args.log_every_steps))
                    if val is not None for f in (flag, str(val))] + (["--resume"] if args.resume else []) \
         + (["--restart"] if args.restart else []) \
