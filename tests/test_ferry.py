@@ -26,19 +26,31 @@ def test_log8_code_keeps_each_value_within_half_a_step_and_zero_exact():
     assert float(ratio.max()) > step / 4  # the code is 8-bit: it does round (a test of the test)
 
 
+def test_log8_code_edge_cases_and_non_finite_moments_refused():
+    for v in (torch.tensor([3e-7]), torch.full((5,), 2.5e-3), torch.zeros(4)):  # one value, hi == lo, all zeros
+        q, lo, hi = ferry.encode_log8(v)
+        torch.testing.assert_close(ferry.decode_log8(q, lo, hi), v, rtol=1e-6, atol=0)
+
+
 def _train(tmp_path: Path, data: Path, run: str, epochs: int) -> dict:
     recipe = Recipe.load(write_recipe(tmp_path / f"{run}-{epochs}.toml", epochs=epochs))
     return Trainer(recipe, tmp_path / run, data_dir=str(data), progress=False).run(resume=True)
 
 
-def test_packed_run_fits_the_return_unpacks_and_resumes_close_to_the_original(tmp_path, tiny_data):  # noqa: F811
+def test_packed_run_fits_the_return_unpacks_and_resumes_close_to_the_original(tmp_path, tiny_data,  # noqa: F811
+                                                                               monkeypatch):
     _train(tmp_path, tiny_data, "a", epochs=1)
     shutil.copytree(tmp_path / "a", tmp_path / "b")
+    monkeypatch.setattr(ferry, "TOTAL_LIMIT", 4096)
+    with pytest.raises(ferry.FerryError, match="over the"):
+        ferry.pack(tmp_path / "a", tmp_path / "big")
+    monkeypatch.setattr(ferry, "TOTAL_LIMIT", 53 * ferry.MiB)
+    monkeypatch.setattr(ferry, "PART_BYTES", 20_000)  # several parts, joined back in order
     manifest = ferry.pack(tmp_path / "a", tmp_path / "out")
-    assert manifest["epoch"] == 2 and manifest["best_is_checkpoint"]
+    assert manifest["epoch"] == 2 and manifest["pos"] == 0 and manifest["best_is_checkpoint"]
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == [ferry.MANIFEST] + [p["name"] for p in manifest["parts"]]
-    assert all((tmp_path / "out" / f).stat().st_size <= ferry.PART_BYTES for f in files)
+    assert files == [ferry.MANIFEST] + [p["name"] for p in manifest["parts"]] and len(manifest["parts"]) > 2
+    assert all((tmp_path / "out" / p["name"]).stat().st_size <= 20_000 for p in manifest["parts"])
 
     ferry.unpack(tmp_path / "out", tmp_path / "c")
     orig = load_file(str(tmp_path / "a" / "checkpoint" / "state.safetensors"))
@@ -57,6 +69,9 @@ def test_packed_run_fits_the_return_unpacks_and_resumes_close_to_the_original(tm
             assert torch.equal(back[k], v), k  # step counters, RNG states, carried state: exact
     best = load_file(str(tmp_path / "c" / "best" / "model.safetensors"))
     assert best.keys() == {k[6:] for k in back if k.startswith("model.")}
+    before = json.loads((tmp_path / "a" / "checkpoint" / "meta.json").read_text())
+    after = json.loads((tmp_path / "c" / "checkpoint" / "meta.json").read_text())
+    assert after["log_bytes"] == before["log_bytes"]  # a resume still trims what the log holds past the checkpoint
     log = [json.loads(x) for x in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
     assert log[-1]["event"] == "ferried" and "best_reset" not in log[-1]
 
@@ -72,20 +87,37 @@ def test_packed_run_fits_the_return_unpacks_and_resumes_close_to_the_original(tm
         ferry.unpack(tmp_path / "out", tmp_path / "c")
 
 
-def test_best_not_the_last_epoch_resets_best_to_it_and_says_so(tmp_path, tiny_data):  # noqa: F811
-    _train(tmp_path, tiny_data, "a", epochs=1)
+def test_finished_run_carried_without_its_best_chooses_again_and_finishes_here(tmp_path, tiny_data):  # noqa: F811
+    """A run that finished where it trained carries no eval.json or release/ (a finish here redoes them), and when
+    best/ was not its last epoch, the choice starts again at that epoch: best_epoch never names thrown-away weights."""
+    _train(tmp_path, tiny_data, "a", epochs=2)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "eval.json").write_text("{}")  # stale results where it lands: removed
     best = tmp_path / "a" / "best" / "model.safetensors"
     w = load_file(str(best))
     first = next(iter(w))
     w[first] = w[first] + 1.0  # best/ no longer the checkpoint's weights (as after an epoch that got worse)
     save_file(w, str(best), metadata={"format": "pt", "tied": "[]"})
-    meta = json.loads((tmp_path / "a" / "checkpoint" / "meta.json").read_text())
+    log_path = tmp_path / "a" / "log.jsonl"
+    lines = [json.loads(x) for x in log_path.read_text().splitlines()]
+    lines[0]["valid_loss"] = 0.1  # epoch 1 "best" by far: its weights are the ones that do not travel
+    size = log_path.stat().st_size
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    meta_path = tmp_path / "a" / "checkpoint" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["log_bytes"] += log_path.stat().st_size - size  # (the edit changed the line's length)
+    meta_path.write_text(json.dumps(meta))
     manifest = ferry.pack(tmp_path / "a", tmp_path / "out")
-    assert not manifest["best_is_checkpoint"]
+    assert not manifest["best_is_checkpoint"] and manifest["epoch"] == 3
     result = ferry.unpack(tmp_path / "out", tmp_path / "c")
     assert result["event"]["best_reset"] == {"from": meta["best_val"], "to": meta["history"][-1]}
-    ckpt_meta = json.loads((tmp_path / "c" / "checkpoint" / "meta.json").read_text())
-    assert ckpt_meta["best_val"] == meta["history"][-1]
+    assert json.loads((tmp_path / "c" / "checkpoint" / "meta.json").read_text())["best_val"] == meta["history"][-1]
+    assert not (tmp_path / "c" / "eval.json").exists() and not (tmp_path / "c" / "release").exists()
+    ckpt = load_file(str(tmp_path / "c" / "checkpoint" / "state.safetensors"))
+    assert torch.equal(load_file(str(tmp_path / "c" / "best" / "model.safetensors"))[first], ckpt[f"model.{first}"])
+    done = _train(tmp_path, tiny_data, "c", epochs=2)  # finished: --resume finishes it here
+    assert done["epochs_trained"] == 2 and done["best_epoch"] == 2
+    assert (tmp_path / "c" / "release" / "model.safetensors").is_file()
 
 
 def test_refusals_are_one_line_errors(tmp_path, tiny_data, capsys):  # noqa: F811
@@ -117,17 +149,19 @@ def test_a_piece_paused_at_an_epoch_end_carries_and_one_stopped_mid_epoch_carrie
     log = [json.loads(x) for x in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
     assert log[-1]["event"] == "paused" and log[-1]["epoch"] == 1
 
+    shutil.copytree(tmp_path / "a", tmp_path / "c")  # where it lands: at the end of epoch 1, with best/
     meta_path = tmp_path / "a" / "checkpoint" / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["pos"] = 5  # as if stopped by a signal five rows into epoch 2
     meta_path.write_text(json.dumps(meta))
     manifest = ferry.pack(tmp_path / "a", tmp_path / "out")
-    assert manifest["mid_epoch"] and not manifest["best_is_checkpoint"]
-    result = ferry.unpack(tmp_path / "out", tmp_path / "c")
+    assert manifest["mid_epoch"] and not manifest["best_is_checkpoint"] and manifest["pos"] == 5
+    result = ferry.unpack(tmp_path / "out", tmp_path / "c")  # (2, pos 5) is ahead of (2, pos 0)
     assert result["event"]["best_reset"]["to"] == float("inf")
     assert not (tmp_path / "c" / "best").exists()
     done = Trainer(recipe, tmp_path / "c", data_dir=str(tiny_data), progress=False).run(resume=True)
     assert done["epochs_trained"] == 3 and (tmp_path / "c" / "best" / "model.safetensors").is_file()
+    assert done["best_epoch"] >= 2  # epoch 1's weights did not travel
 
 
 def test_cli_pause_prints_where_it_stopped_and_resume_finishes(tmp_path, tiny_data):  # noqa: F811
@@ -140,3 +174,11 @@ def test_cli_pause_prints_where_it_stopped_and_resume_finishes(tmp_path, tiny_da
     done = zoo(*base, "--resume")
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["epochs"] == 2
+
+
+def test_jobs_report_a_paused_run_as_paused(tmp_path, tiny_data):  # noqa: F811
+    recipes = [str(write_recipe(tmp_path / f"{arch}.toml", arch=arch, epochs=2)) for arch in ("alstm", "lstm")]
+    out = zoo("train", *recipes, "--jobs", "2", "--data-dir", str(tiny_data), "--run-dir", str(tmp_path / "runs"),
+              "--pause-after-minutes", "0.000001")
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert out.stdout.count("paused (--pause-after-minutes; continue with --resume) tiny-") == 2

@@ -271,6 +271,7 @@ def _train_parallel(args: argparse.Namespace) -> int:
     for path in pending:   # refuse before starting anything: a batch never half-starts
         _check_run_dir(Path(args.run_dir or "runs") / Recipe.load(path).name, args, clear=False)
     running: list[tuple[subprocess.Popen, str]] = []
+    run_dirs: dict[str, Path] = {}
     failed = []
     passthrough = [f for flag, val in (("--data-dir", args.data_dir), ("--device", args.device),
                                        ("--epochs", args.epochs), ("--max-minutes", args.max_minutes),
@@ -305,11 +306,14 @@ def _train_parallel(args: argparse.Namespace) -> int:
             log = open(run_dir / "stdout.log", "a")
             cmd = [sys.executable, "-m", "zoo.cli", "train", str(path), "--run-dir", str(run_dir), *passthrough]
             running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), name))
+            run_dirs[name] = run_dir
             print(f"started {name} -> {run_dir}/stdout.log", flush=True)
         for proc, name in list(running):
             if proc.poll() is not None:
                 running.remove((proc, name))
-                print(f"{'finished' if proc.returncode == 0 else 'FAILED'} {name} (exit {proc.returncode})", flush=True)
+                how = "FAILED" if proc.returncode else "finished" if (run_dirs[name] / "eval.json").is_file() \
+                    else "paused (--pause-after-minutes; continue with --resume)"
+                print(f"{how} {name} (exit {proc.returncode})", flush=True)
                 if proc.returncode:
                     failed.append(name)
         time.sleep(1)
@@ -368,7 +372,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 128 + e.signum
     if result and result.get("paused"):
         print(json.dumps({"run_dir": str(run_dir), "paused_after_epoch": result["epochs_trained"],
-                          "epochs": result["epochs"], "valid_ppl": result["valid_ppl"]}))
+                          "recipe_epochs": result["epochs"], "valid_ppl": result["valid_ppl"]}))
         print("zoo train: paused at an epoch end (--pause-after-minutes); continue with --resume",
               file=sys.stderr)
     elif result:

@@ -960,10 +960,15 @@ class Trainer:
         release = self._write_release(valid, test)
         log = [json.loads(line) for line in (self.run_dir / "log.jsonl").read_text().splitlines()]
         epochs = [r for r in log if "epoch" in r and "valid_ppl" in r]
+        # best/ is chosen among the epochs whose weights still exist: a run carried between machines without
+        # best/'s own weights (zoo/tools/ferry.py: a "ferried" event with best_reset) chose again from there
+        first = max((r["epoch"] + (1 if r.get("pos") else 0) for r in log
+                     if r.get("event") == "ferried" and "best_reset" in r), default=1)
+        chosen = [r for r in epochs if r["epoch"] >= first] or epochs
         result = {
             "name": self.recipe.name, "dataset": self.recipe.dataset, "architecture": self.model.architecture,
             "num_parameters": self.model.num_parameters(), "valid": valid, "test": test,
-            "epochs_trained": len(epochs), "best_epoch": min(epochs, key=lambda r: r["valid_loss"])["epoch"],
+            "epochs_trained": len(epochs), "best_epoch": min(chosen, key=lambda r: r["valid_loss"])["epoch"],
             "train_seconds": sum(r["seconds"] for r in epochs), "device": _device_name(self.device),
             "world_size": self.world, "recipe": self.recipe.to_dict(), "release": release,
             "mode": self.cfg.mode,

@@ -8,9 +8,10 @@ through ``$OUT``: at most 8 files, 16 MiB each, 64 MiB together. A training chec
 * **Weights as float16** (the bundles' own precision): each trip rounds every weight once, to 2^-11 of its size;
   the training steps on either side run in float32 as before.
 * **Adam's second moment as an 8-bit code of its log2**, per tensor (255 levels spanning that tensor's range;
-  0 codes an exact 0): each value comes back within ``2 ** (step / 2)`` of itself (``step`` = the tensor's log2
-  range / 254; about 4% for a range of 2^-60..2^0), its square root (what divides the step) half as far. The
-  moment is itself a running average of noisy squared gradients, and the next steps pull it back.
+  0 codes an exact 0): each value comes back within a factor ``2 ** (step / 2)`` of itself (``step`` = the
+  tensor's log2 range / 254: up to 8.5% off for a range of 2^-60..2^0), its square root (what divides the step)
+  within half that (4.2%). The moment is itself a running average of noisy squared gradients, and the next steps
+  pull it back. A carried run packed again comes back bit-identical (weights and codes).
 * **Adam's first moment is not carried** when ``beta1 = 0`` (the reference aLSTM's): each step then overwrites it
   with the step's gradient before reading it. A run with ``beta1 > 0`` is refused: its first moment would need
   the room the weights take.
@@ -26,7 +27,7 @@ A checkpoint from mid-epoch (a piece stopped by a signal) travels too, without `
 
     python -m zoo.tools.ferry pack runs/alstm-ptb-17m-ref $OUT       # on the GPU machine, after a piece
     python -m zoo.tools.ferry unpack /work/.device/.../files runs/alstm-ptb-17m-ref   # here
-    python -m zoo.tools.ferry pack runs/alstm-ptb-17m-ref .ferry/                # here, before the next piece
+    python -m zoo.tools.ferry pack runs/alstm-ptb-17m-ref .devrun/ferry          # here, before the next piece
 
 Each trip appends a ``ferried`` event to the run's ``log.jsonl`` (what was rounded), so a card built from the log
 can say the run crossed machines. The parts carry a manifest with every part's SHA-256; unpack checks them.
@@ -52,17 +53,21 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save, save_file
 
+from zoo.errors import ZooError
 from zoo.files import write_atomic
+from zoo.train import run_lock
 
 MiB = 1 << 20
-#: The device tool's return: 8 files of 16 MiB, 64 MiB in all. The manifest is one file, the parts the rest.
+#: The device tool's return: 8 files of 16 MiB, 64 MiB in all (the manifest, the parts, gpu_piece.sh's log and
+#: stderr). The way out is the binding limit: the tracked tree (~4.4 MiB without zoo/pretrained) and the data
+#: (PTB 5.7 MiB) travel with the parts in the same 64 MiB, so the packed run may take 53 MiB.
 PART_BYTES = 15 * MiB
-TOTAL_LIMIT = 64 * MiB
-MAX_PARTS = 7
+TOTAL_LIMIT = 53 * MiB
 MANIFEST = "ferry.json"
-#: The small files of a run dir that travel as they are (``best/``'s weights are rebuilt; ``release/`` is rebuilt
-#: by the run's next finish).
-SMALL_FILES = ("log.jsonl", "eval.json", "best/config.json", "best/vocab.json", "best/tokenizer.json")
+#: The small files of a run dir that travel as they are. ``best/``'s weights are rebuilt from the carried ones;
+#: ``eval.json`` and ``release/`` do not travel: a run that finished on the GPU is finished again here by
+#: ``zoo train --resume`` (its test evaluation and release cast redone from the carried ``best/``).
+SMALL_FILES = ("log.jsonl", "best/config.json", "best/vocab.json", "best/tokenizer.json")
 LEVELS = 254  # codes 1..255 span a tensor's log2 range; 0 is an exact zero
 
 
@@ -102,7 +107,15 @@ def _weights_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bo
 
 
 def pack(run_dir: Path, out_dir: Path) -> dict[str, Any]:
-    """Write ``run_dir``'s checkpoint as parts + manifest into ``out_dir``; returns the manifest."""
+    """Write ``run_dir``'s checkpoint as parts + manifest into ``out_dir``; returns the manifest. Under the run's
+    lock, so that no training process swaps the checkpoint between the reads."""
+    if not (run_dir / "checkpoint" / "meta.json").is_file():
+        raise FerryError(f"{run_dir} has no checkpoint to carry")
+    with run_lock(run_dir):
+        return _pack(run_dir, out_dir)
+
+
+def _pack(run_dir: Path, out_dir: Path) -> dict[str, Any]:
     ckpt = run_dir / "checkpoint"
     if not (ckpt / "meta.json").is_file():
         raise FerryError(f"{run_dir} has no checkpoint to carry")
@@ -123,6 +136,8 @@ def pack(run_dir: Path, out_dir: Path) -> dict[str, Any]:
         elif k.startswith("optim.") and k.endswith(".exp_avg"):
             continue
         elif k.startswith("optim.") and k.endswith(".exp_avg_sq"):
+            if not bool(torch.isfinite(v).all()):
+                raise FerryError(f"{k} is not finite: the run has diverged, nothing worth carrying")
             packed[k], lo, hi = encode_log8(v)
             ranges[k] = [lo, hi]
         else:
@@ -148,8 +163,9 @@ def pack(run_dir: Path, out_dir: Path) -> dict[str, Any]:
                 if (run_dir / name).is_file() and not (mid_epoch and name.startswith("best/")):
                     add(name, (run_dir / name).read_bytes())
         size = bundle.stat().st_size
-        if size > MAX_PARTS * PART_BYTES or size > TOTAL_LIMIT - MiB:
-            raise FerryError(f"the packed run is {size / MiB:.1f} MiB: over what the device tool returns")
+        if size > TOTAL_LIMIT:
+            raise FerryError(f"the packed run is {size / MiB:.1f} MiB: over the {TOTAL_LIMIT / MiB:.0f} MiB the "
+                             f"device tool can carry beside the tree and the data")
         out_dir.mkdir(parents=True, exist_ok=True)
         parts = []
         with open(bundle, "rb") as f:
@@ -157,76 +173,109 @@ def pack(run_dir: Path, out_dir: Path) -> dict[str, Any]:
                 name = f"ferry.part{i:02d}"
                 (out_dir / name).write_bytes(f.read(PART_BYTES))
                 parts.append({"name": name, "sha256": _sha256(out_dir / name)})
-    manifest = {"run": run_dir.name, "epoch": meta["epoch"], "step": meta["step"], "bytes": size,
+    manifest = {"run": run_dir.name, "epoch": meta["epoch"], "pos": meta["pos"], "step": meta["step"], "bytes": size,
                 "parts": parts, "mid_epoch": mid_epoch, "best_is_checkpoint": best_same, "best_val": meta["best_val"],
                 "last_val": last_val, "tied": tied}
     write_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _swap_in(staged: Path, target: Path) -> None:
+    """Replace folder ``target`` by ``staged`` (the checkpoint's own two-rename swap: a crash in between leaves
+    ``target.old``, which the trainer's resume reads)."""
+    for f in staged.iterdir():
+        _fsync(f)
+    old = target.with_name(target.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staged, target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 def unpack(parts_dir: Path, run_dir: Path, force: bool = False) -> dict[str, Any]:
-    """Rebuild a resumable run dir from :func:`pack`'s parts (refusing to go back over a later checkpoint)."""
+    """Make ``run_dir`` resumable from :func:`pack`'s parts (refusing to go back over a later checkpoint).
+
+    Under the run's lock, in place, in an order that a crash at any point leaves resumable and that a second
+    unpack completes: the log first (a resume trims what it holds past the older checkpoint), then ``best/``,
+    then the checkpoint; a finished run's stale ``release/`` and ``eval.json`` go first of all."""
     manifest = json.loads((parts_dir / MANIFEST).read_text())
     for p in manifest["parts"]:
         if _sha256(parts_dir / p["name"]) != p["sha256"]:
             raise FerryError(f"{parts_dir / p['name']} does not match its SHA-256 in the manifest")
-    mine = run_dir / "checkpoint" / "meta.json"
-    if mine.is_file() and not force:
-        have = json.loads(mine.read_text())
-        if (have["epoch"], have["pos"]) >= (manifest["epoch"], 0):
-            raise FerryError(f"{run_dir} already holds epoch {have['epoch']} (pos {have['pos']}), not behind the "
-                             f"carried epoch {manifest['epoch']}: nothing to do (--force replaces it)")
-    with tempfile.TemporaryDirectory(dir=run_dir.parent if run_dir.parent.exists() else None) as tmp:
-        bundle = Path(tmp) / "run.tar"
-        with open(bundle, "wb") as out:
-            for p in manifest["parts"]:
-                out.write((parts_dir / p["name"]).read_bytes())
-        stage = Path(tmp) / "run"
-        with tarfile.open(bundle) as tar:
-            tar.extractall(stage, filter="data")
-        with safe_open(str(stage / "state.safetensors"), "pt") as f:
-            ranges = json.loads((f.metadata() or {})["log8_ranges"])
-        packed = load_file(str(stage / "state.safetensors"))
-        meta = json.loads((stage / "meta.json").read_text())
-        state: dict[str, torch.Tensor] = {}
-        for k, v in packed.items():
-            if k.startswith("model.") and v.dtype == torch.float16:
-                state[k] = v.float()
-            elif k in ranges:
-                state[k] = decode_log8(v, *ranges[k])
-                state[k[: -len("_sq")]] = torch.zeros_like(state[k])  # exp_avg: overwritten by the next step
-            else:
-                state[k] = v
-        weights = {k[6:]: v for k, v in state.items() if k.startswith("model.")}
-        event: dict[str, Any] = {"event": "ferried", "epoch": meta["epoch"] - 1, "step": meta["step"],
-                                 "weights": "float16", "adam_exp_avg_sq": "8-bit log2 code"}
-        if not manifest["best_is_checkpoint"]:  # best/'s own weights did not travel: see the module docstring
-            to = math.inf if manifest["mid_epoch"] else manifest["last_val"]
-            event["best_reset"] = {"from": meta["best_val"], "to": to}
-            meta["best_val"] = to
-        log = stage / "log.jsonl"
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event) + "\n")
-        meta["log_bytes"] = log.stat().st_size
-        ckpt = stage / "checkpoint"
-        ckpt.mkdir()
-        save_file(state, str(ckpt / "state.safetensors"))
-        (ckpt / "meta.json").write_text(json.dumps(meta))
-        (stage / "meta.json").unlink()
-        (stage / "state.safetensors").unlink()
-        if (stage / "best" / "config.json").is_file():
-            save_file(weights, str(stage / "best" / "model.safetensors"),
-                      metadata={"format": "pt", "tied": manifest["tied"]})
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        old = run_dir.with_name(run_dir.name + ".before-ferry")
-        if run_dir.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(run_dir, old)
-        os.replace(stage, run_dir)
-        if old.exists():
-            shutil.rmtree(old)
-    return {"run_dir": str(run_dir), "epoch": meta["epoch"], "step": meta["step"], "event": event}
+    carried = (manifest["epoch"], manifest.get("pos", 0))
+    with run_lock(run_dir):
+        mine = run_dir / "checkpoint" / "meta.json"
+        if mine.is_file() and not force:
+            have = json.loads(mine.read_text())
+            if (have["epoch"], have["pos"]) >= carried:
+                raise FerryError(f"{run_dir} already holds epoch {have['epoch']} (pos {have['pos']}), not behind "
+                                 f"the carried epoch {carried[0]} (pos {carried[1]}): nothing to do (--force "
+                                 f"replaces it)")
+        stage = run_dir / "ferry.tmp"
+        if stage.exists():
+            shutil.rmtree(stage)  # left by an unpack that stopped midway
+        stage.mkdir()
+        try:
+            bundle = stage / "run.tar"
+            with open(bundle, "wb") as out:
+                for p in manifest["parts"]:
+                    out.write((parts_dir / p["name"]).read_bytes())
+            with tarfile.open(bundle) as tar:
+                tar.extractall(stage / "run", filter="data")
+            got = stage / "run"
+            with safe_open(str(got / "state.safetensors"), "pt") as f:
+                ranges = json.loads((f.metadata() or {})["log8_ranges"])
+            packed = load_file(str(got / "state.safetensors"))
+            meta = json.loads((got / "meta.json").read_text())
+            state: dict[str, torch.Tensor] = {}
+            for k, v in packed.items():
+                if k.startswith("model.") and v.dtype == torch.float16:
+                    state[k] = v.float()
+                elif k in ranges:
+                    state[k] = decode_log8(v, *ranges[k])
+                    state[k[: -len("_sq")]] = torch.zeros_like(state[k])  # exp_avg: overwritten by the next step
+                else:
+                    state[k] = v
+            event: dict[str, Any] = {"event": "ferried", "epoch": meta["epoch"] - 1, "pos": meta["pos"],
+                                     "step": meta["step"], "weights": "float16", "adam_exp_avg_sq": "8-bit log2 code"}
+            if not manifest["best_is_checkpoint"]:  # best/'s own weights did not travel: see the module docstring
+                to = math.inf if manifest["mid_epoch"] else manifest["last_val"]
+                event["best_reset"] = {"from": meta["best_val"], "to": to}
+                meta["best_val"] = to
+            # meta's log_bytes stays: it marks where the checkpoint's epochs end in the log; the event line
+            # appended here is kept by a resume's trim as every event line is
+            log = (got / "log.jsonl").read_text(encoding="utf-8") + json.dumps(event) + "\n"
+            for stale in ("eval.json", "release"):  # a finish here rewrites them from the carried best/
+                path = run_dir / stale
+                if path.is_dir():
+                    shutil.rmtree(path)
+                elif path.exists():
+                    path.unlink()
+            write_atomic(run_dir / "log.jsonl", log, fsync=True)
+            if (got / "best" / "config.json").is_file():
+                weights = {k[6:]: v for k, v in state.items() if k.startswith("model.")}
+                save_file(weights, str(got / "best" / "model.safetensors"),
+                          metadata={"format": "pt", "tied": manifest["tied"]})
+                _swap_in(got / "best", run_dir / "best")
+            elif manifest["mid_epoch"] and (run_dir / "best").exists():
+                shutil.rmtree(run_dir / "best")  # not the carried run's: its next epoch end writes best/ again
+            ckpt = stage / "checkpoint"
+            ckpt.mkdir()
+            save_file(state, str(ckpt / "state.safetensors"))
+            (ckpt / "meta.json").write_text(json.dumps(meta))
+            _swap_in(ckpt, run_dir / "checkpoint")
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    return {"run_dir": str(run_dir), "epoch": meta["epoch"], "pos": meta["pos"], "step": meta["step"],
+            "event": event}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = pack(args.run_dir, args.out_dir) if args.cmd == "pack" else \
             unpack(args.parts_dir, args.run_dir, args.force)
-    except (FerryError, OSError, KeyError, ValueError) as e:
+    except (FerryError, ZooError, OSError, KeyError, ValueError) as e:
         print(f"ferry: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result))
