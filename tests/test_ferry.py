@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.test_train import tiny_data, write_recipe, zoo  # noqa: F401 (tiny_data is a fixture)
+from tests.test_train import kill_data, write_recipe, zoo  # noqa: F401 (kill_data is a fixture: a small corpus)
 from zoo.tools import ferry
 from zoo.train import Recipe, Trainer
 
@@ -37,9 +37,9 @@ def _train(tmp_path: Path, data: Path, run: str, epochs: int) -> dict:
     return Trainer(recipe, tmp_path / run, data_dir=str(data), progress=False).run(resume=True)
 
 
-def test_packed_run_fits_the_return_unpacks_and_resumes_close_to_the_original(tmp_path, tiny_data,  # noqa: F811
+def test_packed_run_fits_the_return_unpacks_and_resumes_close_to_the_original(tmp_path, kill_data,  # noqa: F811
                                                                                monkeypatch):
-    _train(tmp_path, tiny_data, "a", epochs=1)
+    _train(tmp_path, kill_data, "a", epochs=1)
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     monkeypatch.setattr(ferry, "TOTAL_LIMIT", 4096)
     with pytest.raises(ferry.FerryError, match="over the"):
@@ -75,8 +75,8 @@ def test_packed_run_fits_the_return_unpacks_and_resumes_close_to_the_original(tm
     log = [json.loads(x) for x in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
     assert log[-1]["event"] == "ferried" and "best_reset" not in log[-1]
 
-    plain = _train(tmp_path, tiny_data, "b", epochs=2)
-    carried = _train(tmp_path, tiny_data, "c", epochs=2)
+    plain = _train(tmp_path, kill_data, "b", epochs=2)
+    carried = _train(tmp_path, kill_data, "c", epochs=2)
     assert carried["epochs_trained"] == 2
     assert carried["valid"]["ppl"] == pytest.approx(plain["valid"]["ppl"], rel=0.01)
     log = [json.loads(x) for x in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
@@ -87,10 +87,10 @@ def test_packed_run_fits_the_return_unpacks_and_resumes_close_to_the_original(tm
         ferry.unpack(tmp_path / "out", tmp_path / "c")
 
 
-def test_finished_run_carried_without_its_best_chooses_again_and_finishes_here(tmp_path, tiny_data):  # noqa: F811
+def test_finished_run_carried_without_its_best_chooses_again_and_finishes_here(tmp_path, kill_data):  # noqa: F811
     """A run that finished where it trained carries no eval.json or release/ (a finish here redoes them), and when
     best/ was not its last epoch, the choice starts again at that epoch: best_epoch never names thrown-away weights."""
-    _train(tmp_path, tiny_data, "a", epochs=2)
+    _train(tmp_path, kill_data, "a", epochs=2)
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "eval.json").write_text("{}")  # stale results where it lands: removed
     best = tmp_path / "a" / "best" / "model.safetensors"
@@ -115,13 +115,13 @@ def test_finished_run_carried_without_its_best_chooses_again_and_finishes_here(t
     assert not (tmp_path / "c" / "eval.json").exists() and not (tmp_path / "c" / "release").exists()
     ckpt = load_file(str(tmp_path / "c" / "checkpoint" / "state.safetensors"))
     assert torch.equal(load_file(str(tmp_path / "c" / "best" / "model.safetensors"))[first], ckpt[f"model.{first}"])
-    done = _train(tmp_path, tiny_data, "c", epochs=2)  # finished: --resume finishes it here
+    done = _train(tmp_path, kill_data, "c", epochs=2)  # finished: --resume finishes it here
     assert done["epochs_trained"] == 2 and done["best_epoch"] == 2
     assert (tmp_path / "c" / "release" / "model.safetensors").is_file()
 
 
-def test_refusals_are_one_line_errors(tmp_path, tiny_data, capsys):  # noqa: F811
-    _train(tmp_path, tiny_data, "a", epochs=1)
+def test_refusals_are_one_line_errors(tmp_path, kill_data, capsys):  # noqa: F811
+    _train(tmp_path, kill_data, "a", epochs=1)
     ferry.pack(tmp_path / "a", tmp_path / "out")
     part = tmp_path / "out" / "ferry.part00"
     data = bytearray(part.read_bytes())
@@ -137,11 +137,11 @@ def test_refusals_are_one_line_errors(tmp_path, tiny_data, capsys):  # noqa: F81
         ferry.pack(tmp_path / "a", tmp_path / "out3")
 
 
-def test_a_piece_paused_at_an_epoch_end_carries_and_one_stopped_mid_epoch_carries_without_best(tmp_path, tiny_data):  # noqa: F811,E501
+def test_a_piece_paused_at_an_epoch_end_carries_and_one_stopped_mid_epoch_carries_without_best(tmp_path, kill_data):  # noqa: F811,E501
     """--pause-after-minutes stops at the first epoch end past it, unfinished (no eval.json), and --resume goes on;
     a mid-epoch checkpoint (a SIGTERM) travels without best/, which the next epoch end writes."""
     recipe = Recipe.load(write_recipe(tmp_path / "r.toml", epochs=3))
-    paused = Trainer(recipe, tmp_path / "a", data_dir=str(tiny_data), progress=False,
+    paused = Trainer(recipe, tmp_path / "a", data_dir=str(kill_data), progress=False,
                      pause_after_minutes=1e-6).run()
     assert paused == {"paused": True, "epochs_trained": 1, "epochs": 3, "valid_ppl": pytest.approx(
         json.loads((tmp_path / "a" / "log.jsonl").read_text().splitlines()[0])["valid_ppl"])}
@@ -159,26 +159,20 @@ def test_a_piece_paused_at_an_epoch_end_carries_and_one_stopped_mid_epoch_carrie
     result = ferry.unpack(tmp_path / "out", tmp_path / "c")  # (2, pos 5) is ahead of (2, pos 0)
     assert result["event"]["best_reset"]["to"] == float("inf")
     assert not (tmp_path / "c" / "best").exists()
-    done = Trainer(recipe, tmp_path / "c", data_dir=str(tiny_data), progress=False).run(resume=True)
+    done = Trainer(recipe, tmp_path / "c", data_dir=str(kill_data), progress=False).run(resume=True)
     assert done["epochs_trained"] == 3 and (tmp_path / "c" / "best" / "model.safetensors").is_file()
     assert done["best_epoch"] >= 2  # epoch 1's weights did not travel
 
 
-def test_cli_pause_prints_where_it_stopped_and_resume_finishes(tmp_path, tiny_data):  # noqa: F811
-    recipe = write_recipe(tmp_path / "r.toml", epochs=2)
-    base = ["train", str(recipe), "--data-dir", str(tiny_data), "--run-dir", str(tmp_path / "run")]
-    paused = zoo(*base, "--pause-after-minutes", "0.000001")
-    assert paused.returncode == 0, paused.stderr[-2000:]
-    assert json.loads(paused.stdout.strip().splitlines()[-1])["paused_after_epoch"] == 1
-    assert "continue with --resume" in paused.stderr and not (tmp_path / "run" / "eval.json").exists()
-    done = zoo(*base, "--resume")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1])["epochs"] == 2
-
-
-def test_jobs_report_a_paused_run_as_paused(tmp_path, tiny_data):  # noqa: F811
+def test_cli_pause_prints_where_it_stopped_and_jobs_say_paused_then_resume_finishes(tmp_path, kill_data):  # noqa: F811
     recipes = [str(write_recipe(tmp_path / f"{arch}.toml", arch=arch, epochs=2)) for arch in ("alstm", "lstm")]
-    out = zoo("train", *recipes, "--jobs", "2", "--data-dir", str(tiny_data), "--run-dir", str(tmp_path / "runs"),
-              "--pause-after-minutes", "0.000001")
+    base = ["train", *recipes, "--jobs", "2", "--data-dir", str(kill_data), "--run-dir", str(tmp_path / "runs")]
+    out = zoo(*base, "--pause-after-minutes", "0.000001")
     assert out.returncode == 0, out.stdout[-2000:]
     assert out.stdout.count("paused (--pause-after-minutes; continue with --resume) tiny-") == 2
+    child = (tmp_path / "runs" / "tiny-alstm" / "stdout.log").read_text()  # what a single `zoo train` printed
+    assert '"paused_after_epoch": 1' in child and "continue with --resume" in child
+    assert not (tmp_path / "runs" / "tiny-alstm" / "eval.json").exists()
+    done = zoo(*base, "--resume")
+    assert done.returncode == 0 and done.stdout.count("finished tiny-") == 2, done.stdout[-2000:]
+    assert json.loads((tmp_path / "runs" / "tiny-lstm" / "eval.json").read_text())["epochs_trained"] == 2
