@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.test_train import kill_data, write_recipe, zoo  # noqa: F401 (kill_data is a fixture: a small corpus)
 from zoo.tools import ferry
+from zoo.tools.cards import pieces_line
 from zoo.train import Recipe, Trainer
 
 
@@ -162,6 +163,12 @@ def test_a_piece_paused_at_an_epoch_end_carries_and_one_stopped_mid_epoch_carrie
     done = Trainer(recipe, tmp_path / "c", data_dir=str(kill_data), progress=False).run(resume=True)
     assert done["epochs_trained"] == 3 and (tmp_path / "c" / "best" / "model.safetensors").is_file()
     assert done["best_epoch"] >= 2  # epoch 1's weights did not travel
+    log = [json.loads(x) for x in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
+    assert pieces_line(log) == (
+        "- Trained in pieces: 2 (paused 1 time at an epoch end); carried between machines 1 time (from "
+        f"{manifest['from']}), each trip rounding the weights to float16 once and Adam's second moment to an 8-bit "
+        "code (`zoo/tools/ferry.py`); best/ chosen again from epoch 2 on (its earlier weights did not travel)")
+    assert pieces_line([r for r in log if r.get("event") not in ("paused", "ferried")]) is None
 
 
 def test_cli_pause_prints_where_it_stopped_and_jobs_say_paused_then_resume_finishes(tmp_path, kill_data):  # noqa: F811

@@ -169,6 +169,27 @@ def build_card(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config:
 CARD_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 
 
+def pieces_line(log: list[dict[str, Any]]) -> str | None:
+    """The card's line for a run trained in pieces and carried between machines (``zoo train
+    --pause-after-minutes``, ``zoo/tools/ferry.py``): the hardware line names only the machine that finished it,
+    and each trip rounded the weights once, which a reader of the card should know."""
+    trips = [r for r in log if r.get("event") == "ferried"]
+    paused = sum(1 for r in log if r.get("event") == "paused")
+    if not trips and not paused:
+        return None
+    line = f"- Trained in pieces: {paused + 1} (paused {paused} time{'s' if paused != 1 else ''} at an epoch end)"
+    if trips:
+        machines = sorted({r["from"] for r in trips if r.get("from")})
+        line += (f"; carried between machines {len(trips)} time{'s' if len(trips) != 1 else ''}"
+                 + (f" (from {', '.join(machines)})" if machines else "")
+                 + ", each trip rounding the weights to float16 once and Adam's second moment to an 8-bit code "
+                   "(`zoo/tools/ferry.py`)")
+    resets = [r["epoch"] + (1 if r.get("pos") else 0) for r in trips if "best_reset" in r]  # (as finish() does)
+    if resets:
+        line += f"; best/ chosen again from epoch {max(resets)} on (its earlier weights did not travel)"
+    return line
+
+
 def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *, repo_id: str,
           revision: str, license: str, figures: list[str], reference: dict[str, Any] | None,
           file_sizes: dict[str, int], comparisons: list[dict[str, Any]]) -> str:
@@ -252,6 +273,8 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     if timed:
         rate = sum(tps * sec for tps, sec in timed) / sum(sec for _, sec in timed)
         training.append(f"- Throughput: {rate:,.0f} training tokens/s (all epochs' tokens / their time)")
+    if (pieces := pieces_line(log)) is not None:
+        training.append(pieces)
     f["training"] = "\n".join(training)
     rname = recipe.get("name", name)
     f["recipe_where"] = (f"`zoo train {rname}` (the recipe file `zoo/recipes/{rname}.toml`)"

@@ -173,7 +173,9 @@ def _pack(run_dir: Path, out_dir: Path) -> dict[str, Any]:
                 name = f"ferry.part{i:02d}"
                 (out_dir / name).write_bytes(f.read(PART_BYTES))
                 parts.append({"name": name, "sha256": _sha256(out_dir / name)})
-    manifest = {"run": run_dir.name, "epoch": meta["epoch"], "pos": meta["pos"], "step": meta["step"], "bytes": size,
+    machine = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.uname().machine})"
+    manifest = {"run": run_dir.name, "from": machine, "epoch": meta["epoch"], "pos": meta["pos"], "step": meta["step"],
+                "bytes": size,
                 "parts": parts, "mid_epoch": mid_epoch, "best_is_checkpoint": best_same, "best_val": meta["best_val"],
                 "last_val": last_val, "tied": tied}
     write_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
@@ -244,8 +246,9 @@ def unpack(parts_dir: Path, run_dir: Path, force: bool = False) -> dict[str, Any
                     state[k[: -len("_sq")]] = torch.zeros_like(state[k])  # exp_avg: overwritten by the next step
                 else:
                     state[k] = v
-            event: dict[str, Any] = {"event": "ferried", "epoch": meta["epoch"] - 1, "pos": meta["pos"],
-                                     "step": meta["step"], "weights": "float16", "adam_exp_avg_sq": "8-bit log2 code"}
+            event: dict[str, Any] = {"event": "ferried", "from": manifest.get("from"), "epoch": meta["epoch"] - 1,
+                                     "pos": meta["pos"], "step": meta["step"], "weights": "float16",
+                                     "adam_exp_avg_sq": "8-bit log2 code"}
             if not manifest["best_is_checkpoint"]:  # best/'s own weights did not travel: see the module docstring
                 to = math.inf if manifest["mid_epoch"] else manifest["last_val"]
                 event["best_reset"] = {"from": meta["best_val"], "to": to}
