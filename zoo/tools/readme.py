@@ -100,7 +100,9 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
                         + (f"{ref['valid']} / {ref['test']}" if "valid" in ref else "") + " |")
         else:
             last = f"({epochs[-1]['valid_ppl']:.2f} at epoch {epochs[-1]['epoch']})" if epochs else ""
-            stop = " (stopped by its time budget, not evaluated)" if stopped_by_budget(recs) else ""
+            stop = " (stopped by its time budget, not evaluated)" if stopped_by_budget(recs) else \
+                " (in progress: trained in pieces, paused)" if recs and recs[-1].get("event") in ("paused", "ferried") \
+                else ""
             rows.append(f"| {name}{stop} |  | {len(epochs)} |  | ppl | {last} |  |  |")
     if not rows:
         return ""
