@@ -7,14 +7,8 @@
 #
 #   usage (device run, repo root, .devrun carried): bash zoo/tools/gpu_piece.sh RECIPE MINUTES
 #
-# Here, before the call (the device tool sends the tracked tree, 64 MiB at most with what is carried, and the
-# bundled weights in zoo/pretrained, ~160 MB, are not needed there):
-#   git rm -r -q --cached zoo/pretrained && echo /zoo/pretrained/ >> .git/info/exclude
-#   mkdir -p .devrun/data && cp -r ../shared/data/ptb .devrun/data/
-#   python -m zoo.tools.ferry pack runs/RECIPE .devrun/ferry      # the run so far (52 MB for the 17.2M aLSTM)
-# and after it (the index as it was):
-#   git reset -q -- zoo/pretrained && sed -i '\#^/zoo/pretrained/$#d' .git/info/exclude
-#   python -m zoo.tools.ferry unpack FILES_AT runs/RECIPE && rm -r .devrun/ferry
+# Here, before and after the call(s): bash zoo/tools/gpu_trip.sh out RECIPE / back RECIPE FILES_AT (the bundled
+# weights leave the index for the 64 MiB upload; the data and the packed run go to .devrun; back unpacks the piece).
 # Two pieces in one session can share the machine while it is warm (30 s): the second finds /tmp/runs/RECIPE there
 # and resumes it exactly (not the carried copy); guard its call with
 # `test -f /tmp/runs/RECIPE/checkpoint/meta.json || exit 3` so that a fresh machine does not start from epoch 1.
