@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from tests.test_train import kill_data, write_recipe, zoo  # noqa: F401 (kill_data is a fixture: a small corpus)
 from zoo.tools import ferry
-from zoo.tools.cards import pieces_line
+from zoo.tools.cards import epoch_devices, pieces_line
 from zoo.train import Recipe, Trainer
 
 
@@ -183,3 +183,20 @@ def test_cli_pause_prints_where_it_stopped_and_jobs_say_paused_then_resume_finis
     done = zoo(*base, "--resume")
     assert done.returncode == 0 and done.stdout.count("finished tiny-") == 2, done.stdout[-2000:]
     assert json.loads((tmp_path / "runs" / "tiny-lstm" / "eval.json").read_text())["epochs_trained"] == 2
+
+
+def test_the_card_says_which_machine_trained_which_epochs():
+    """Epochs logged before zoo train recorded a device take the machine of the trip that carried them; a card
+    names the spans only when more than one machine trained the run."""
+    h100, cpu = "NVIDIA H100 80GB HBM3", "CPU (2 cores, 1 threads)"
+    log = [{"epoch": 1, "valid_ppl": 9.0}, {"epoch": 2, "valid_ppl": 8.0}, {"event": "paused", "epoch": 2},
+           {"event": "ferried", "from": h100, "epoch": 2, "pos": 0, "best_reset": {"from": 2.1, "to": 2.2}},
+           {"epoch": 3, "valid_ppl": 7.0, "device": cpu}, {"epoch": 4, "valid_ppl": 6.0, "device": cpu}]
+    assert epoch_devices(log) == [(1, 2, h100), (3, 4, cpu)]
+    assert pieces_line(log, cpu).endswith(
+        "; epochs 1-2 on H100 GPU, epochs 3-4 on CPU, 1 thread; best/ chosen again from epoch 2 on (its earlier "
+        "weights did not travel)")
+    unrecorded = [r for r in log if r.get("event") != "ferried"]
+    assert epoch_devices(unrecorded) == [(1, 2, "an unrecorded machine"), (3, 4, cpu)]
+    assert epoch_devices(unrecorded, cpu) == [(1, 4, cpu)]
+    assert "epochs 1-" not in pieces_line(unrecorded, cpu)  # one machine: the hardware line says it

@@ -170,3 +170,13 @@ def test_evaluating_on_another_corpus_names_the_one_the_model_was_trained_on():
         model.evaluate(split="valid", bptt=5)
     with pytest.raises(ConfigError, match="batch_size and bptt do not apply to dynamic evaluation"):
         model.evaluate(split="valid", batch_size=4, dynamic=True)
+
+
+def test_an_empty_text_is_one_line_end(model):
+    """As the module docstring says: "" scores a single <eos> (the CLI and the servers refuse empty input)."""
+    r = model.score("", return_tokens=True)[0]
+    assert r["num_tokens"] == 1 and r["tokens"][0]["token"] == "<eos>"
+    with torch.no_grad():
+        logits, _ = model.lm(torch.tensor([[model.tokenizer.eos_id]]))
+    assert r["nll"] == pytest.approx(-torch.log_softmax(logits[0, -1], -1)[model.tokenizer.eos_id].item(), abs=1e-5)
+    assert r["num_visible_chars"] == 0

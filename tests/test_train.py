@@ -92,6 +92,7 @@ def test_training_run_writes_logs_best_release_and_eval(tmp_path, tiny_data):
     assert [r["epoch"] for r in epochs] == [1, 2]
     for key in ("train_loss", "valid_ppl", "lr", "seconds", "tokens_per_s"):
         assert all(key in r for r in epochs)
+    assert all(r["device"] == result["device"] for r in epochs)  # each epoch says its machine (pieces may move)
     assert epochs[1]["valid_ppl"] < epochs[0]["valid_ppl"] * 1.5
     ev = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert ev["test"]["ppl"] == result["test"]["ppl"] and ev["epochs_trained"] == 2

@@ -4,7 +4,8 @@ Conventions (the same for every architecture and backend):
 
 * Each text is scored from a zero state, its first token conditioned on one ``<eos>`` (the
   sentence boundary the corpora use), and every token of the text, including the ``<eos>`` that
-  ends each line, is scored exactly once.
+  ends each line, is scored exactly once. An empty text is one line end: it scores a single ``<eos>``
+  (in Python; the CLI and the servers refuse empty input, where it is more likely a mistake than a question).
 * Long inputs are processed in chunks with the hidden state carried across chunks and no window
   overlap, so the result equals one pass over the whole text while memory stays bounded.
 * Log base e (nats). Two bit rates, never one name for both: ``bits_per_token = avg_nll / ln 2`` per

@@ -256,6 +256,17 @@ class run_lock:  # noqa: N801  (a context manager, used as one)
         self.file.close()
 
 
+def first_selectable_epoch(log: list[dict[str, Any]]) -> int:
+    """The first epoch best/ can have been chosen from, given a run's ``log.jsonl`` records.
+
+    A run carried between machines without best/'s own weights (``zoo/tools/ferry.py`` logs a ``ferried`` event
+    with ``best_reset``) chose best/ again from the epoch the trip landed in (the next one when it landed mid-epoch):
+    the final choice, and a card saying so, are made among epochs whose weights existed.
+    """
+    return max((r["epoch"] + (1 if r.get("pos") else 0) for r in log
+                if r.get("event") == "ferried" and "best_reset" in r), default=1)
+
+
 def nonmonotone_trigger(history: list[float], val_loss: float, nonmono: int) -> bool:
     """AWD-LSTM's NT-ASGD condition: the validation loss is worse than the best one from more than
     ``nonmono`` epochs ago (``history`` holds the earlier epochs' validation losses)."""
@@ -923,7 +934,8 @@ class Trainer:
                "valid_loss": val["avg_nll"], "valid_ppl": val["ppl"], "lr": self.lr,
                "seconds": self.epoch_seconds, "tokens_per_s": self.epoch_tokens * self.world /
                max(1e-9, self.epoch_seconds), "optimizer": "asgd" if self.asgd else self.cfg.optimizer,
-               "best": improved, "wall_seconds": time.time() - self._start_wall}
+               "best": improved, "wall_seconds": time.time() - self._start_wall,
+               "device": _device_name(self.device)}  # per epoch: a run trained in pieces may change machines
         self._log_line(rec)
         if self._tb is not None:
             for key in ("train_ppl", "valid_ppl", "valid_loss", "tokens_per_s"):
@@ -960,10 +972,7 @@ class Trainer:
         release = self._write_release(valid, test)
         log = [json.loads(line) for line in (self.run_dir / "log.jsonl").read_text().splitlines()]
         epochs = [r for r in log if "epoch" in r and "valid_ppl" in r]
-        # best/ is chosen among the epochs whose weights still exist: a run carried between machines without
-        # best/'s own weights (zoo/tools/ferry.py: a "ferried" event with best_reset) chose again from there
-        first = max((r["epoch"] + (1 if r.get("pos") else 0) for r in log
-                     if r.get("event") == "ferried" and "best_reset" in r), default=1)
+        first = first_selectable_epoch(log)
         chosen = [r for r in epochs if r["epoch"] >= first] or epochs
         result = {
             "name": self.recipe.name, "dataset": self.recipe.dataset, "architecture": self.model.architecture,

@@ -20,7 +20,7 @@ from typing import Any
 from zoo.datasets import get_dataset
 from zoo.registry import CITATIONS, get_spec
 from zoo.tools import PACKAGE_DIR
-from zoo.train import STREAM_ONLY
+from zoo.train import STREAM_ONLY, first_selectable_epoch
 
 LIBRARY = "alstm-zoo"
 RECIPES_DIR = PACKAGE_DIR / "recipes"
@@ -169,10 +169,10 @@ def build_card(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config:
 CARD_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 
 
-def pieces_line(log: list[dict[str, Any]]) -> str | None:
+def pieces_line(log: list[dict[str, Any]], finished_on: str | None = None) -> str | None:
     """The card's line for a run trained in pieces and carried between machines (``zoo train
     --pause-after-minutes``, ``zoo/tools/ferry.py``): the hardware line names only the machine that finished it,
-    and each trip rounded the weights once, which a reader of the card should know."""
+    so this one says which epochs each machine trained, and that each trip rounded the weights once."""
     trips = [r for r in log if r.get("event") == "ferried"]
     paused = sum(1 for r in log if r.get("event") == "paused")
     if not trips and not paused:
@@ -184,10 +184,35 @@ def pieces_line(log: list[dict[str, Any]]) -> str | None:
                  + (f" (from {', '.join(machines)})" if machines else "")
                  + ", each trip rounding the weights to float16 once and Adam's second moment to an 8-bit code "
                    "(`zoo/tools/ferry.py`)")
-    resets = [r["epoch"] + (1 if r.get("pos") else 0) for r in trips if "best_reset" in r]  # (as finish() does)
-    if resets:
-        line += f"; best/ chosen again from epoch {max(resets)} on (its earlier weights did not travel)"
+    spans = epoch_devices(log, finished_on)
+    if len(spans) > 1:
+        line += "; " + ", ".join(f"epoch{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''} on {short_device(d)}"
+                                 for a, b, d in spans)
+    if any("best_reset" in r for r in trips):
+        line += (f"; best/ chosen again from epoch {first_selectable_epoch(log)} on "
+                 "(its earlier weights did not travel)")
     return line
+
+
+def epoch_devices(log: list[dict[str, Any]], finished_on: str | None = None) -> list[tuple[int, int, str]]:
+    """Which machine trained which epochs, as ``(first, last, device)`` spans in epoch order.
+
+    An epoch record names its device (``zoo train`` logs it); older records do not, and then the machine is the
+    ``from`` of the next ``ferried`` event in the log (where the piece was packed), else ``finished_on`` (the
+    run's eval.json device), else "an unrecorded machine".
+    """
+    spans: list[tuple[int, int, str]] = []
+    for i, rec in enumerate(log):
+        if "epoch" not in rec or "valid_ppl" not in rec:
+            continue
+        device = rec.get("device") or next(
+            (r.get("from") for r in log[i + 1:] if r.get("event") == "ferried"), None) or finished_on
+        device = device or "an unrecorded machine"
+        if spans and spans[-1][2] == device and spans[-1][1] == rec["epoch"] - 1:
+            spans[-1] = (spans[-1][0], rec["epoch"], device)
+        else:
+            spans.append((rec["epoch"], rec["epoch"], device))
+    return spans
 
 
 def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *, repo_id: str,
@@ -273,7 +298,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     if timed:
         rate = sum(tps * sec for tps, sec in timed) / sum(sec for _, sec in timed)
         training.append(f"- Throughput: {rate:,.0f} training tokens/s (all epochs' tokens / their time)")
-    if (pieces := pieces_line(log)) is not None:
+    if (pieces := pieces_line(log, ev.get("device"))) is not None:
         training.append(pieces)
     f["training"] = "\n".join(training)
     rname = recipe.get("name", name)
