@@ -259,6 +259,31 @@ def test_rebundle_replaces_atomically_and_keeps_other_entries(bundled, tiny_run_
     assert sorted(p.name for p in (pkg / "pretrained").iterdir()) == ["first", "second"]  # no staging left
 
 
+def test_a_rebundle_whose_catalogue_write_fails_leaves_the_old_folder_and_entry(tiny_run_dir, tmp_path,
+                                                                                  monkeypatch):
+    """The folder and its catalogue entry (whose hashes loading checks) change together: if the entry cannot be
+    written, the swapped-in folder goes and the old one comes back, so the zoo still loads as it did."""
+    import zoo.tools.bundle as bundle_mod
+
+    pkg = tmp_path / "pkg"
+    bundle_into(pkg, tiny_run_dir, "m")
+    before = {p.name: p.read_bytes() for p in (pkg / "pretrained" / "m").iterdir()}
+    catalog = (pkg / "catalog.json").read_bytes()
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(bundle_mod, "update_catalog", fail)
+    with pytest.raises(OSError, match="disk full"):
+        bundle_into(pkg, tiny_run_dir, "m", repo_id="org/changed", revision="v9")
+    assert {p.name: p.read_bytes() for p in (pkg / "pretrained" / "m").iterdir()} == before
+    assert (pkg / "catalog.json").read_bytes() == catalog
+    assert sorted(p.name for p in (pkg / "pretrained").iterdir()) == ["m"]  # no staging or old folder left
+    monkeypatch.undo()
+    bundle_into(pkg, tiny_run_dir, "m", repo_id="org/changed", revision="v9")
+    assert json.loads((pkg / "catalog.json").read_text())["models"]["m"]["revision"] == "v9"
+
+
 def test_retire_keeps_the_run_as_a_record_and_refuses_the_default(tiny_run_dir, tmp_path, capsys, monkeypatch):
     """A model a longer tier supersedes leaves the zoo (folder, catalogue entry, card, figure) and its evaluation
     files become a "trained here, not bundled" record; the default model and unknown names are refused."""

@@ -253,11 +253,40 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
                           comparisons=tier_reports(cards, ev["name"]))
         (stage / CARD_FILE).write_text(card, encoding="utf-8")
         files = file_records(stage)
+        rel = ev.get("release") or {}
+        entry = {
+            "architecture": ev["architecture"], "dataset": ev["dataset"],
+            "description": ev["recipe"].get("description") or f"{ev['architecture']} trained on {ev['dataset']}",
+            "num_parameters": ev["num_parameters"], "metrics": metrics, "repo_id": repo_id, "revision": revision,
+            "files": files, "dtype": rel.get("dtype", "float32"),
+            "training": {"epochs": ev["epochs_trained"], "best_epoch": ev["best_epoch"],
+                         "train_seconds": ev["train_seconds"], "device": ev.get("device"),
+                         "world_size": ev.get("world_size", 1),
+                         "precision": ev["recipe"].get("train", {}).get("precision", "fp32"),
+                         # "sentences": trained and scored on single lines from a zero state, not one carried stream
+                         "mode": ev["recipe"].get("train", {}).get("mode", "stream")},
+            "reference": reference,
+        }
+
+        def change(cat: dict[str, Any]) -> None:
+            cat["models"][name] = entry
+            if default:
+                cat["default"] = name
+
+        # The folder and its catalogue entry (whose file hashes loading checks) change together: the entry is
+        # written right after the swap, and a failure to write it puts the old folder back.
         final = target_root / name
         old = target_root / f".{name}.old{os.getpid()}"
         if final.exists():
             os.replace(final, old)
         os.replace(stage, final)
+        try:
+            update_catalog(cat_file, change)
+        except BaseException:
+            os.replace(final, stage)
+            if old.exists():
+                os.replace(old, final)
+            raise
         if old.exists():
             shutil.rmtree(old)
     finally:
@@ -277,27 +306,6 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
         if f.resolve() != (cards / fig_name).resolve():
             shutil.copyfile(f, cards / fig_name)
 
-    rel = ev.get("release") or {}
-    entry = {
-        "architecture": ev["architecture"], "dataset": ev["dataset"],
-        "description": ev["recipe"].get("description") or f"{ev['architecture']} trained on {ev['dataset']}",
-        "num_parameters": ev["num_parameters"], "metrics": metrics, "repo_id": repo_id, "revision": revision,
-        "files": files, "dtype": rel.get("dtype", "float32"),
-        "training": {"epochs": ev["epochs_trained"], "best_epoch": ev["best_epoch"],
-                     "train_seconds": ev["train_seconds"], "device": ev.get("device"),
-                     "world_size": ev.get("world_size", 1),
-                     "precision": ev["recipe"].get("train", {}).get("precision", "fp32"),
-                     # "sentences": trained and scored on single lines from a zero state, not one carried stream
-                     "mode": ev["recipe"].get("train", {}).get("mode", "stream")},
-        "reference": reference,
-    }
-
-    def change(cat: dict[str, Any]) -> None:
-        cat["models"][name] = entry
-        if default:
-            cat["default"] = name
-
-    update_catalog(cat_file, change)
     return dict(entry, directory=str(final), card=str(cards / f"{name}.md"))
 
 
