@@ -111,3 +111,58 @@ def test_bf16_path_is_the_loss_of_bf16_operands(rows, with_bias):
         assert err < 0.01, f"bf16 gradient {err:.3%} from the reference"
     f32 = linear_cross_entropy(h, w, b, y)
     assert float(f32) != float(out), "bf16 gave the float32 loss: the low precision was not applied"
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 5000])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_target_logprobs_equal_decode_then_log_softmax(block, with_bias):
+    """Evaluation's fused decoder (vocabulary blocks, running log-sum-exp) gives each target's log-probability as
+    decoding then log-softmax does; the target is a term of its own sum, so nothing is above 0; padding is clamped
+    (its value is masked by the caller) rather than an index error."""
+    from zoo.models._fused_loss import linear_target_logprobs
+
+    g = torch.Generator().manual_seed(block)
+    h = torch.randn(130, 24, generator=g)
+    w = torch.randn(500, 24, generator=g)
+    b = torch.randn(500, generator=g) if with_bias else None
+    y = torch.randint(0, 500, (130,), generator=g)
+    y[0], y[1] = 0, 499                                 # the first and the last word of the vocabulary
+    ref = F.log_softmax(F.linear(h, w, b), -1).gather(1, y[:, None]).squeeze(1)
+    out = linear_target_logprobs(h, w, b, y, block=block)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    confident = linear_target_logprobs(h, w * 50, b, F.linear(h, w * 50, b).argmax(1), block=block)
+    assert (confident <= 0).all() and confident.max() > -1e-3
+    y[5] = -100
+    assert torch.isfinite(linear_target_logprobs(h, w, b, y, block=block)).all()
+
+
+def test_scoring_and_validation_take_the_fused_decoder(monkeypatch):
+    """The eager model's corpus evaluation goes through linear_target_logprobs (not the logits) when the
+    vocabulary spans several blocks, and a runner without target_logprobs (an export's) scores through its
+    logits."""
+    from zoo import scoring
+
+    lm = tiny_lm("lstm").eval()
+    monkeypatch.setattr("zoo.lm.EVAL_BLOCK", 4)          # the tiny vocabulary in 4 blocks, fused however few
+    monkeypatch.setattr("zoo.lm.EVAL_MIN_LOGITS", 0)     # ... however few logits a call has
+    calls = []
+    real = _fused_loss.linear_target_logprobs
+    monkeypatch.setattr("zoo.lm.linear_target_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    stream = torch.randint(0, len(WORDS), (200,), generator=torch.Generator().manual_seed(0))
+    fused = scoring.evaluate_stream(lm, stream, batch_size=2, bptt=9, progress=False)
+    assert len(calls) == 11                              # one per chunk: 99 steps of 2 columns, bptt 9
+
+    class LogitsOnly:
+        def init_state(self, b):
+            return lm.init_state(b)
+
+        def forward(self, x, state):
+            return lm(x, state)
+
+    plain = scoring.evaluate_stream(LogitsOnly(), stream, batch_size=2, bptt=9, progress=False)
+    assert len(calls) == 11 and fused["num_tokens"] == plain["num_tokens"]
+    assert fused["ppl"] == pytest.approx(plain["ppl"], rel=1e-6)
+
+    monkeypatch.setattr("zoo.lm.EVAL_MIN_LOGITS", 19 * len(WORDS))  # 18 rows a call: decoded whole
+    scoring.evaluate_stream(lm, stream, batch_size=2, bptt=9, progress=False)
+    assert len(calls) == 11

@@ -180,3 +180,31 @@ def test_an_empty_text_is_one_line_end(model):
         logits, _ = model.lm(torch.tensor([[model.tokenizer.eos_id]]))
     assert r["nll"] == pytest.approx(-torch.log_softmax(logits[0, -1], -1)[model.tokenizer.eos_id].item(), abs=1e-5)
     assert r["num_visible_chars"] == 0
+
+
+def test_every_evaluation_gives_the_same_numbers_through_the_logits(model, monkeypatch):
+    """The eager model's fused target log-probabilities (zoo.lm.LanguageModel.target_logprobs) and a runner that
+    only returns logits agree on a stream, on padded sentences and on per-token scores."""
+    monkeypatch.setattr("zoo.lm.EVAL_BLOCK", 4)  # the tiny vocabulary in blocks, as a word vocabulary is
+    monkeypatch.setattr("zoo.lm.EVAL_MIN_LOGITS", 0)
+
+    class LogitsOnly:
+        def init_state(self, b):
+            return model.lm.init_state(b)
+
+        def forward(self, x, state):
+            return model.lm(x, state)
+
+    torch.manual_seed(5)
+    stream = torch.randint(0, len(model.tokenizer), (301,))
+    a = scoring.evaluate_stream(model.lm, stream, batch_size=3, bptt=11, progress=False)
+    b = scoring.evaluate_stream(LogitsOnly(), stream, batch_size=3, bptt=11, progress=False)
+    assert a["ppl"] == pytest.approx(b["ppl"], rel=1e-6) and a["num_tokens"] == b["num_tokens"]
+    seqs = [torch.randint(0, len(model.tokenizer), (n,)) for n in (2, 9, 5, 14)]
+    a = scoring.evaluate_sentences(model.lm, seqs, batch_size=3, progress=False)
+    b = scoring.evaluate_sentences(LogitsOnly(), seqs, batch_size=3, progress=False)
+    assert a["ppl"] == pytest.approx(b["ppl"], rel=1e-6) and a["num_tokens"] == b["num_tokens"]
+    ids = [s.tolist() for s in seqs]
+    for x, y in zip(scoring.token_logprobs(model.lm, ids, 0, len(model.tokenizer)),
+                    scoring.token_logprobs(LogitsOnly(), ids, 0, len(model.tokenizer)), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)

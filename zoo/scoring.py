@@ -44,9 +44,25 @@ UNK_SHARE_WARNING = 0.25
 
 
 class Runner(Protocol):
+    """What scoring talks to. A runner may also have ``target_logprobs(tokens, targets, state) -> (log p [B, T],
+    state)``, the targets' log-probabilities without handing over the logits (the eager model's fused decoder,
+    :meth:`zoo.lm.LanguageModel.target_logprobs`); :func:`target_logprobs` uses it where it exists."""
+
     def init_state(self, batch_size: int) -> tuple[Tensor, ...]: ...
 
     def forward(self, tokens: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]: ...
+
+
+def target_logprobs(runner: Runner, tokens: Tensor, targets: Tensor,
+                    state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """``(log p(targets) [B, T] float32, state)`` from any runner: its own ``target_logprobs`` where it has one,
+    else its logits' float32 log-softmax. Targets outside the vocabulary (padding) give values to be masked."""
+    own = getattr(runner, "target_logprobs", None)
+    if own is not None:
+        return own(tokens, targets, state)
+    logits, state = runner.forward(tokens, state)
+    targets = targets.to(logits.device).clamp(0, logits.shape[-1] - 1)
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1), state
 
 
 @dataclass
@@ -106,9 +122,8 @@ def token_logprobs(runner: Runner, sequences: list[list[int]], bos_id: int, voca
     out = torch.empty(bsz, longest, dtype=torch.float64)
     step = _chunk_len(bsz, vocab_size)
     for start in range(0, longest, step):
-        logits, state = runner.forward(inp[:, start:start + step], state)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        out[:, start:start + step] = logp.gather(-1, tgt[:, start:start + step, None]).squeeze(-1).double()
+        logp, state = target_logprobs(runner, inp[:, start:start + step], tgt[:, start:start + step], state)
+        out[:, start:start + step] = logp.double().cpu()
     return [out[b, : len(seq)] for b, seq in enumerate(sequences)]
 
 
@@ -206,9 +221,8 @@ def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: 
         for j in range(i, i + seq, step := min(seq, max_rows)):
             n = min(step, i + seq - j)
             x, y = data[j:j + n].t(), data[j + 1:j + 1 + n].t()
-            logits, state = runner.forward(x, state)
-            nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                                           y.reshape(-1).to(logits.device), reduction="sum"))
+            logp, state = target_logprobs(runner, x, y, state)
+            nll -= float(logp.sum(dtype=torch.float64))
             count += y.numel()
     res = summarize(nll, count, 0)
     res.pop("bits_per_input_char")
@@ -230,11 +244,10 @@ def evaluate_sentences(runner: Runner, seqs: list[Tensor], batch_size: int = 32,
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for idx in tqdm(batches, desc=desc, unit="batch", disable=not progress, leave=False):
         x, y = pad_batch([seqs[i] for i in idx], pad_id)
-        logits, _ = runner.forward(x, runner.init_state(len(idx)))
-        y = y.to(logits.device)
-        nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
-                                                       ignore_index=PAD_TARGET, reduction="sum"))
-        count += int((y != PAD_TARGET).sum())
+        logp, _ = target_logprobs(runner, x, y, runner.init_state(len(idx)))
+        keep = (y != PAD_TARGET).to(logp.device)
+        nll -= float(logp.masked_fill(~keep, 0.0).sum(dtype=torch.float64))
+        count += int(keep.sum())
     res = summarize(nll, count, 0)
     res.pop("bits_per_input_char")
     res.update(batch_size=batch_size, mode="sentences", num_sequences=len(seqs))

@@ -1109,6 +1109,9 @@ class _DeviceRunner:
     def forward(self, tokens, state):
         return self.model(tokens.to(self.device), state)
 
+    def target_logprobs(self, tokens, targets, state):
+        return self.model.target_logprobs(tokens.to(self.device), targets.to(self.device), state)
+
 
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":

@@ -28,12 +28,22 @@ GEMMs differ by precision:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from zoo.models import _gemm as gemm
+
+#: Vocabulary entries decoded at a time by :func:`linear_target_logprobs` (evaluation, float32): on one core, 512
+#: to 4096 were within 5% of each other at [700, 256] x [256, 33278], each ~1.5x the whole-vocabulary GEMM's speed
+#: (process CPU time, interleaved, while two training runs held the cores).
+EVAL_BLOCK = 1024
+#: ... and only when a call's logits would be at least this many floats (8 MB): smaller ones stay in cache and the
+#: whole GEMM is as fast or faster (measured fused: 700 rows of PTB's 10,000 words in 0.94x the time, 70 rows in
+#: 1.06x; 70 rows of WikiText-2's 33,278 in 0.79-0.83x, 700 in 0.58-0.68x; benchmarks/results/eval_speed.md).
+EVAL_MIN_LOGITS = 1 << 21
 
 #: Rows decoded at a time: 128 x 10k float32 logits (5 MB) stay in cache; measured fastest of 128-1400 with the
 #: per-block backward GEMMs (kept: the block's passes are the same, and 17 MB at 33k words is still L3-sized).
@@ -110,3 +120,37 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, bias: Tensor | None, target:
     """Mean cross-entropy of ``h [N, E] @ weight.T + bias`` against ``target [N]`` over the targets that are not
     ``ignore_index``, without keeping the float32 logits (see the module docstring)."""
     return _LinearCrossEntropy.apply(h, weight, bias, target, ignore_index, gemm.autocast_dtype(h))
+
+
+def linear_target_logprobs(h: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
+                           block: int = EVAL_BLOCK) -> Tensor:
+    """``log_softmax(h @ weight.T + bias)[n, target[n]]`` for each row ``n`` (float32), without the logits.
+
+    Why: scoring and validation need only each target's log-probability, but decoding first writes all the
+    ``[N, vocab]`` float32 logits (93 MB for 700 rows of WikiText-2's vocabulary) and the log-softmax reads them
+    again; on one CPU core the whole-vocabulary GEMM also runs at about two-thirds of the speed of the same GEMM
+    in vocabulary blocks. Here each block of ``block`` words is decoded into a buffer that stays in cache and
+    folded into a running log-sum-exp (the row's max so far and its sum of ``exp(z - max)``); the target's logit
+    is read from its block before the exponential, so it is one of the terms of the sum and a log-probability
+    is never above 0. Same numbers as the decode-then-log-softmax path up to float summation order (tested to
+    1e-5). No gradient: evaluation only. Targets outside ``[0, vocab)`` (padding) give values to be masked.
+    """
+    n, vocab = h.shape[0], weight.shape[0]
+    y = target.clamp(0, vocab - 1)
+    run_max = h.new_full((n,), -math.inf)
+    run_sum = h.new_zeros(n)
+    z_y = h.new_zeros(n)
+    buf = h.new_empty(n, min(block, vocab))
+    for start in range(0, vocab, block):
+        stop = min(start + block, vocab)
+        z = buf[:, :stop - start]
+        if bias is not None:
+            torch.addmm(bias[start:stop], h, weight[start:stop].t(), out=z)
+        else:
+            torch.mm(h, weight[start:stop].t(), out=z)
+        rows = ((y >= start) & (y < stop)).nonzero().squeeze(1)
+        z_y[rows] = z[rows, y[rows] - start]
+        new_max = torch.maximum(run_max, z.amax(1))
+        run_sum.mul_((run_max - new_max).exp_()).add_(z.sub_(new_max[:, None]).exp_().sum(1))
+        run_max = new_max
+    return z_y - run_max - run_sum.log()

@@ -36,6 +36,7 @@ BENCHMARKS = [
     ("precision_quality.md", "Training precision: equal quality of bf16 (2 epochs, same seed)"),
     ("precision_quality_char.md", "Training precision: equal quality of bf16 for the character-level cells"),
     ("fused_loss.md", "Training step: the bf16 decoder + loss with whole-batch backward GEMMs, and fused Adam"),
+    ("eval_speed.md", "Evaluation: the decoder fused with the log-softmax, against decoding all the logits"),
     ("backends.md", "Inference backends (eager vs TorchScript vs ONNX Runtime)"),
     ("quantization.md", "int8 ONNX quantisation"),
     ("serving.md", "TorchServe under load"),
