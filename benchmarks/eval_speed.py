@@ -112,7 +112,7 @@ def table(result: dict) -> str:
              f"The library fuses from {result['eval_min_logits']:,} logits a call on; 'fused always' shows why not "
              "below.", "",
              "| model | vocabulary | protocol | logits a call | through the logits (ms / 1k tokens) | library | "
-             "fused always | whole validation split, logits -> library (s) | perplexity difference |",
+             "fused always | whole validation split, logits -> library (s) | largest perplexity difference |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         lines.append(f"| `{r['model']}` | {r['vocab']:,} | {r['protocol']} (batch {r['batch']}, BPTT {r['bptt']}) | "
