@@ -158,15 +158,15 @@ class LanguageModel(nn.Module):
         ``EVAL_MIN_LOGITS`` floats (:func:`zoo.models._fused_loss.linear_target_logprobs`: the same numbers up to
         float summation order; WikiText-2's validation in 0.57-0.67x the time); otherwise it decodes, then takes
         the float32 log-softmax. Targets outside the vocabulary (padding) give values the caller masks."""
-        _, out, _, state = self.forward_hidden(tokens, state, decode=False)
-        h = out.reshape(-1, out.shape[-1])
-        flat = targets.reshape(-1)
+        _, _, out, state = self.forward_hidden(tokens, state, decode=False)  # (dropped, as forward() decodes)
         w, b = self.decoder.weight, self.decoder.bias
-        if (torch.is_grad_enabled() or h.is_cuda or h.dtype != torch.float32 or w.dtype != torch.float32
-                or h.shape[0] * self.vocab_size < EVAL_MIN_LOGITS):  # (logits that fit in cache: no gain)
-            logp = F.log_softmax(self.decoder(h).float(), -1).gather(1, flat.clamp(0, self.vocab_size - 1)[:, None])
-            return logp.view(targets.shape), state
-        return linear_target_logprobs(h, w, b, flat, block=EVAL_BLOCK).view(targets.shape), state
+        if (torch.is_grad_enabled() or out.is_cuda or out.dtype != torch.float32 or w.dtype != torch.float32
+                or out.shape[0] * out.shape[1] * self.vocab_size < EVAL_MIN_LOGITS):  # (logits in cache: no gain)
+            # exactly the operations of forward() then a log-softmax, so these scores are bit-identical to them
+            logp = F.log_softmax(self.decoder(out).float(), -1)
+            return logp.gather(-1, targets.clamp(0, self.vocab_size - 1)[..., None]).squeeze(-1), state
+        h = out.reshape(-1, out.shape[-1])
+        return linear_target_logprobs(h, w, b, targets.reshape(-1), block=EVAL_BLOCK).view(targets.shape), state
 
     def step(self, token: Tensor, state: State) -> tuple[Tensor, State]:
         """One generation step: ``token [B]`` -> ``(logits [B, V], state)``; never applies dropout."""
