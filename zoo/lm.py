@@ -15,7 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zoo.models._fused_loss import EVAL_BLOCK, EVAL_MIN_LOGITS, linear_cross_entropy, linear_target_logprobs
+from zoo.models._fused_loss import (
+    EVAL_BLOCK,
+    EVAL_MIN_LOGITS,
+    linear_cross_entropy,
+    linear_target_logprobs,
+    logits_target_logprobs,
+)
 from zoo.models.base import State, locked_mask
 from zoo.registry import build_stack
 
@@ -163,8 +169,7 @@ class LanguageModel(nn.Module):
         if (torch.is_grad_enabled() or out.is_cuda or out.dtype != torch.float32 or w.dtype != torch.float32
                 or out.shape[0] * out.shape[1] * self.vocab_size < EVAL_MIN_LOGITS):  # (logits in cache: no gain)
             # exactly the operations of forward() then a log-softmax, so these scores are bit-identical to them
-            logp = F.log_softmax(self.decoder(out).float(), -1)
-            return logp.gather(-1, targets.clamp(0, self.vocab_size - 1)[..., None]).squeeze(-1), state
+            return logits_target_logprobs(self.decoder(out), targets), state
         h = out.reshape(-1, out.shape[-1])
         return linear_target_logprobs(h, w, b, targets.reshape(-1), block=EVAL_BLOCK).view(targets.shape), state
 

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from zoo.data import PAD_TARGET, batchify, pad_batch
 from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs
+from zoo.models._fused_loss import logits_target_logprobs
 from zoo.tokenizer import Tokenizer
 
 LN2 = math.log(2.0)
@@ -61,8 +62,7 @@ def target_logprobs(runner: Runner, tokens: Tensor, targets: Tensor,
     if own is not None:
         return own(tokens, targets, state)
     logits, state = runner.forward(tokens, state)
-    targets = targets.to(logits.device).clamp(0, logits.shape[-1] - 1)
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1), state
+    return logits_target_logprobs(logits, targets), state
 
 
 @dataclass

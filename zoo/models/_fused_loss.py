@@ -154,3 +154,10 @@ def linear_target_logprobs(h: Tensor, weight: Tensor, bias: Tensor | None, targe
         run_sum.mul_((run_max - new_max).exp_()).add_(z.sub_(new_max[:, None]).exp_().sum(1))
         run_max = new_max
     return z_y - run_max - run_sum.log()
+
+
+def logits_target_logprobs(logits: Tensor, target: Tensor) -> Tensor:
+    """``log_softmax(logits)`` (in float32) at each ``target`` (same shape as ``logits`` less its last dimension):
+    the unfused path, for logits already decoded. Targets outside the vocabulary (padding) give values to mask."""
+    target = target.to(logits.device).clamp(0, logits.shape[-1] - 1)
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, target[..., None]).squeeze(-1)
