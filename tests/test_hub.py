@@ -385,6 +385,25 @@ def test_publish_dry_run_prints_exactly_what_would_be_uploaded(publish_pkg, caps
     assert json.loads((p / "catalog.json").read_text())["models"]["tiny-zoo"]["repo_id"] == "alstm-zoo/tiny-zoo"
 
 
+def test_publish_finds_exports_where_zoo_export_writes_them(publish_pkg, tmp_path, monkeypatch):
+    """Without --exports-dir, publish reads the folder `zoo export` writes to ($ZOO_EXPORTS_DIR, else the user's
+    data folder), the same function saying where for both."""
+    p, exports = publish_pkg
+
+    def exported() -> list[str]:
+        return sorted(u.path_in_repo for u in publish.publish_plan("tiny-zoo") if exports in u.local.parents)
+
+    monkeypatch.setenv("ZOO_EXPORTS_DIR", str(exports))
+    assert exported() == EXPORTED
+    monkeypatch.delenv("ZOO_EXPORTS_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data-home"))
+    assert exported() == []
+    (tmp_path / "data-home" / "alstm-zoo").mkdir(parents=True)
+    exports.rename(tmp_path / "data-home" / "alstm-zoo" / "exports")
+    exports = tmp_path / "data-home" / "alstm-zoo" / "exports"
+    assert exported() == EXPORTED
+
+
 @pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")  # inside huggingface_hub's LFS PUT
 def test_publish_makes_one_commit_and_tags_it(publish_pkg, hub_stub, capsys):
     p, exports = publish_pkg

@@ -15,10 +15,9 @@ from typing import Any, TextIO
 
 from zoo.catalog import DEFAULT_REVISION, Release, bundled_dir, canonical_name, catalog, catalog_path, sha256_file
 from zoo.errors import ConfigError, HubError, ModelNotFoundError
-from zoo.export.common import read_manifest
+from zoo.export.common import exports_root, read_manifest
 from zoo.files import is_leftover
 from zoo.hub import EXPORT_FOLDERS, _reason, hub_endpoint, verify_files
-from zoo.tools import REPO
 from zoo.tools.bundle import update_catalog
 
 
@@ -47,10 +46,6 @@ def _export_path(rel: Path) -> str | None:
     return None
 
 
-def default_exports_dir() -> Path:
-    return Path(os.environ.get("ZOO_EXPORTS_DIR") or REPO / "exports" / "out")
-
-
 def publish_plan(name: str, exports_dir: str | os.PathLike | None = None) -> list[Upload]:
     """Every file a publish commit holds: the bundled model (verified against the catalogue) and its exports."""
     name = canonical_name(name)
@@ -65,7 +60,7 @@ def publish_plan(name: str, exports_dir: str | os.PathLike | None = None) -> lis
         raise HubError(f"catalogue entry {name!r} has no file list (re-run `zoo bundle`)")
     verify_files(src, rel, f"the bundled copy {src} (re-run `zoo bundle` if it was changed on purpose)")
     plan = [Upload(f, src / f, meta["size"], meta["sha256"]) for f, meta in sorted(rel.files.items())]
-    exports = Path(exports_dir) if exports_dir else default_exports_dir()
+    exports = Path(exports_dir) if exports_dir else exports_root()
     if (exports / name).is_dir():
         weights = rel.files.get("model.safetensors", {}).get("sha256")
         for manifest in sorted((exports / name).glob("*/export.json")):  # made from other weights: not this release
@@ -164,6 +159,7 @@ def add_cli(subparsers) -> None:
     sp.add_argument("--repo-id", help="target Hub repository, ORG/NAME (default: the catalogue's repo_id)")
     sp.add_argument("--tag", help="release tag (default: the catalogue's revision, e.g. v1.0)")
     sp.add_argument("--dry-run", action="store_true", help="print exactly what would be uploaded; touch nothing")
-    sp.add_argument("--exports-dir", help="folder holding <name>/ exports (default: exports/out)")
+    sp.add_argument("--exports-dir", help="folder holding <name>/ exports (default: where `zoo export` writes, "
+                    "$ZOO_EXPORTS_DIR: exports/out in a checkout)")
     sp.add_argument("--private", action="store_true", help="create the repository as private")
     sp.set_defaults(func=cmd_publish)
