@@ -1,5 +1,7 @@
 # Two entry points: `make demo` and `make test`. Everything they need is installed here, from PyPI and
-# Debian only (torch pinned to the local CPU wheel: an unpinned torch would pull a multi-GB CUDA build).
+# Debian only. torch is pinned (torch==2.13.0): pip here resolves that pin to the machine's local CPU wheel, and an
+# unpinned torch would pull a multi-GB CUDA build. Elsewhere, install the CPU build first if you want it:
+#   .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -8,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 OLAH_VENV := .venv-olah
 OLAH_STAMP := $(OLAH_VENV)/.installed-stamp
 PORT ?= $(or $(GRADIO_SERVER_PORT),7860)
-# The library asks for torch>=2.4; the checkout pins the local CPU wheel (an unpinned torch pulls a CUDA build).
+# The library asks for torch>=2.4; the checkout pins one version (see the top of this file).
 TORCH_PIN := torch==2.13.0
 CONSTRAINTS := $(VENV)/constraints.txt
 # The checkout's folders, given to the library through the environment of this venv's interpreter (a .pth file):
@@ -24,8 +26,13 @@ DATA_DIR ?= $(abspath ../shared/data)
 help:
 	@echo "make demo   - create .venv, install, start the Gradio demo on 127.0.0.1:$(PORT) (offline)"
 	@echo "make test   - create .venv, install (plus Java 17, nginx and Chromium where missing), run the suite"
+	@echo "make venv   - create .venv and install (the checkout's sources, editable) without running anything"
+	@echo "make system-deps - Java 17, nginx and Chromium from Debian where missing (TorchServe, its front door, the browser test)"
+	@echo "make olah   - the local Hub mirror's own venv (.venv-olah) for the Hub tests"
 	@echo "make lint   - ruff"
-	@echo "make bench  - run the benchmarks (writes benchmarks/results/*.json)"
+	@echo "make bench  - the inference benchmarks (cells, precision, backends, int8, serving; writes benchmarks/results/*.json);"
+	@echo "              the others (training speed, dynamic evaluation, card reproduction, ...) run one by one: benchmarks/*.py"
+	@echo "make clean  - remove .venv, .venv-olah and .pytest_cache"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

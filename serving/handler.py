@@ -9,9 +9,10 @@ exactly what the Python API answers.
 
 Request bodies (decoded here, never by the worker: ``decode_input_request=false``):
 
-* ``application/json``: ``{"task": "score", "texts": [...], "return_tokens": false}`` or
+* ``application/json``: ``{"task": "score", "texts": [...], "return_tokens": false}`` (``"dynamic": true``,
+  dynamic evaluation, is refused here with a 400: the server does not enable it) or
   ``{"task": "generate", "prompt": "...", "max_new_tokens": 50, "temperature": 1.0, "top_k": 0,
-  "top_p": 1.0, "seed": null, "stop_at_eos": false, "stream": false}``;
+  "top_p": 1.0, "seed": null, "stop_at_eos": false, "allow_unk": true, "stream": false}``;
 * ``text/plain`` (or no content type): the body is one text to score (a JSON object without a content type is
   refused: it was almost surely meant as JSON).
 
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 try:
     import torch
 
-    from zoo.errors import InvalidRequest
+    from zoo.errors import InvalidRequest, ZooError
     from zoo.pretrained import ZooModel
     from zoo.service import (
         GenerateRequest,
@@ -86,7 +87,7 @@ class Generation:
         except StopIteration:
             self.done = True
             return None
-        except InvalidRequest as e:
+        except ZooError as e:  # the caller's own problem: its 400
             self.done, self.error = True, (400, error_body(e))
             return None
         except Exception:  # a bug, not bad input: this generation alone fails
@@ -300,7 +301,7 @@ class ZooService:
         replies = self.service.score([jobs[i] for i in ids])
         scored = 0
         for i, reply in zip(ids, replies, strict=True):
-            if isinstance(reply, InvalidRequest):  # e.g. over the token limit: this request's own 400
+            if isinstance(reply, ZooError):  # the caller's own problem, e.g. over the token limit: its own 400
                 out[i] = self._reply(context, i, 400, error_body(reply))
                 continue
             if isinstance(reply, Exception):

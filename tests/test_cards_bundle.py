@@ -522,3 +522,16 @@ def test_card_shows_the_corrected_reference_in_its_recipe_block_too(tiny_run_dir
     assert 'source = "corrected"' in block and "test fixture reference" not in card
     recorded = json.loads((tiny_run_dir / "eval.json").read_text())["recipe"]
     assert tomllib.loads(block)["train"] == {k: v for k, v in recorded["train"].items() if v is not None}
+
+
+def test_card_says_how_often_the_test_split_was_scored():
+    """A sweep prefix continued after its choice on validation finished twice, and `zoo train` scores the test
+    split at each finish: its card says so instead of claiming a single look."""
+    once = [{"epoch": 1, "valid_ppl": 9.0}, {"epoch": 2, "valid_ppl": 8.0}, {"event": "finished"}]
+    assert "evaluated once" in cards.held_out_line(once)
+    twice = [*once, {"event": "resumed"}, {"epoch": 3, "valid_ppl": 7.0}, {"event": "finished"}]
+    line = cards.held_out_line(twice)
+    assert "evaluated once" not in line and "2 finishes (after epochs 2 and 3" in line
+    log = [json.loads(s) for s in (REPO / "model_cards" / "lstm-ptb-5m-long-light.log.jsonl").read_text().splitlines()]
+    card = (REPO / "model_cards" / "lstm-ptb-5m-long-light.md").read_text()
+    assert cards.held_out_line(log) in card and "after epochs 14 and 40" in card

@@ -158,6 +158,7 @@ def test_duplicate_keys_and_untyped_json_are_named():
 def test_null_is_an_optional_fields_default_and_errors_speak_json():
     req = parse_request({"texts": ["a"], "return_tokens": None, "dynamic": None}, LIMITS)
     assert req.return_tokens is False and req.dynamic is False
+    assert isinstance(parse_request({"task": None, "texts": ["a"]}, LIMITS), ScoreRequest)  # task too
     gen = parse_request(dict(GEN, prompt=None, stream=None, seed=None, top_k=None), LIMITS)
     assert gen.prompt == "" and gen.stream is False and gen.sampling.seed is None and gen.sampling.top_k == 0
     for payload, message in (({"texts": None}, "texts must be a list of strings, got null"),
@@ -168,6 +169,14 @@ def test_null_is_an_optional_fields_default_and_errors_speak_json():
         with pytest.raises(InvalidRequest) as info:
             parse_request(payload, LIMITS)
         assert message in str(info.value), info.value
+
+
+def test_error_body_of_any_caller_error():
+    """A ZooError that is not a field's (e.g. a request the loaded model cannot serve) is still the caller's 400."""
+    assert error_body(InvalidRequest("texts", "too long")) == {
+        "code": 400, "type": "BadRequest", "field": "texts", "message": "texts too long"}
+    assert error_body(ZooError("no training data for the statistics")) == {
+        "code": 400, "type": "BadRequest", "field": None, "message": "no training data for the statistics"}
 
 
 def test_good_requests_and_integral_floats():

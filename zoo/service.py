@@ -126,7 +126,7 @@ def parse_request(payload: Any, limits: Limits = Limits()) -> Request:
     """A decoded JSON object (or the demo's/CLI's keyword dict) -> a validated request."""
     if not isinstance(payload, Mapping):
         raise InvalidRequest("body", f"expected a JSON object, got {json_type(payload)}")
-    task = payload.get("task", "score")
+    task = _opt(payload, "task", "score")
     if task not in ("score", "generate"):
         raise InvalidRequest("task", f"unknown task {_field_name(task)}; use 'score' or 'generate'")
     allowed = SCORE_FIELDS if task == "score" else GENERATE_FIELDS
@@ -267,8 +267,12 @@ def to_json(obj: Any) -> bytes:
         return json.dumps(clean, ensure_ascii=True).encode("ascii")
 
 
-def error_body(err: InvalidRequest) -> dict[str, Any]:
-    return {"code": 400, "type": "BadRequest", "field": err.field, "message": err.message}
+def error_body(err: ZooError) -> dict[str, Any]:
+    """The 400 body of a caller's error: an ``InvalidRequest`` names its field; another ``ZooError`` (e.g. a
+    request the loaded model cannot serve) has ``"field": null``."""
+    if isinstance(err, InvalidRequest):
+        return {"code": 400, "type": "BadRequest", "field": err.field, "message": err.message}
+    return {"code": 400, "type": "BadRequest", "field": None, "message": str(err)}
 
 
 # -- running requests ----------------------------------------------------------------------------------------

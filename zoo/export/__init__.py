@@ -1,7 +1,10 @@
 """Exports of any zoo model: ONNX (whole-sequence ``Scan`` graph + single-step graph, optional int8) and TorchScript.
 
     from zoo.export import export_model
-    export_model(zoo.load("default"), "exports/out/default", formats=("onnx", "torchscript"), quantize="int8")
+    from zoo.export.common import exports_root
+    model = zoo.load("default")
+    # backends look for it under exports_root() / model.name (the resolved name, not "default")
+    export_model(model, exports_root() / model.name, formats=("onnx", "torchscript"), quantize="int8")
 
 Layout of an export folder (see exports/README.md): ``onnx/{model_sequence,model_step}[.int8].onnx``,
 ``torchscript/model.pt``, each format folder with an ``export.json`` manifest (checkpoint hash, opset,

@@ -194,6 +194,23 @@ def pieces_line(log: list[dict[str, Any]], finished_on: str | None = None) -> st
     return line
 
 
+def held_out_line(log: list[dict[str, Any]]) -> str:
+    """How often the run scored the test split. A sweep prefix continued after its choice on validation finished
+    twice (``zoo train`` scores test at each finish), and the card says so rather than claim a single look."""
+    ends, last_epoch = [], None
+    for rec in log:
+        if "valid_ppl" in rec and "epoch" in rec:
+            last_epoch = rec["epoch"]
+        elif rec.get("event") == "finished":
+            ends.append(last_epoch)
+    if len(ends) <= 1:
+        return "the test split was evaluated once, on the best-validation checkpoint."
+    after = ", ".join(str(e) for e in ends[:-1]) + f" and {ends[-1]}"
+    return (f"the test split was evaluated at each of the run's {len(ends)} finishes (after epochs {after}: "
+            "a run continued after it had finished), each time on the best-validation checkpoint; no choice "
+            "read it.")
+
+
 def epoch_devices(log: list[dict[str, Any]], finished_on: str | None = None) -> list[tuple[int, int, str]]:
     """Which machine trained which epochs, as ``(first, last, device)`` spans in epoch order.
 
@@ -286,8 +303,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     data = (f"{ds.title}, train split as single sentences ({sample}, each truncated to its first {max_len} "
             f"{symbols}, from a zero state, in padded and masked batches of {train.get('batch_size')})"
             if sentence_mode else f"{ds.title}, train split")
-    training = [f"- Data: {data}; model selection on the validation split; the test split was "
-                "evaluated once, on the best-validation checkpoint.",
+    training = [f"- Data: {data}; model selection on the validation split; {held_out_line(log)}",
                 f"- Hardware: {short_device(ev.get('device', 'n/a'))}, {world} process{'es' if world != 1 else ''}; "
                 f"compute precision {train.get('precision', 'fp32')}",
                 f"- Training time: {format_duration(ev['train_seconds'])} ({ev['train_seconds']:.0f} s of training "

@@ -733,7 +733,7 @@ def _archive_args(p: argparse.ArgumentParser) -> None:
 
 
 def add(subparsers) -> None:
-    """Register ``zoo serve`` (see zoo/cli_extras.py)."""
+    """Register ``zoo serve`` (see zoo/tools/commands.py)."""
     serve = subparsers.add_parser("serve", help="serve models over HTTP with TorchServe (build/start/stop/status)")
     sub = serve.add_subparsers(dest="serve_command", required=True)
     run_dir_help = f"state, logs, key file and model store (default: $ZOO_SERVE_DIR or {DEFAULT_RUN_DIR})"
