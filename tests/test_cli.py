@@ -92,6 +92,8 @@ def test_generate_seeded(capsys, tiny_checkpoint):
     _, a, _ = run(capsys, *args)
     _, b, _ = run(capsys, *args)
     assert json.loads(a)["text"] == json.loads(b)["text"]
+    others = {json.loads(run(capsys, *args[:-2], str(seed), "--json")[1])["text"] for seed in (4, 5, 6)}
+    assert others - {json.loads(a)["text"]}, "the seed does not change what is sampled"
 
 
 def test_info(capsys, tiny_checkpoint):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def test_log8_code_keeps_each_value_within_half_a_step_and_zero_exact():
     assert float(ratio.max()) > step / 4  # the code is 8-bit: it does round (a test of the test)
 
 
-def test_log8_code_edge_cases_and_non_finite_moments_refused():
+def test_log8_code_edge_cases():
     for v in (torch.tensor([3e-7]), torch.full((5,), 2.5e-3), torch.zeros(4)):  # one value, hi == lo, all zeros
         q, lo, hi = ferry.encode_log8(v)
         torch.testing.assert_close(ferry.decode_log8(q, lo, hi), v, rtol=1e-6, atol=0)
@@ -136,6 +137,22 @@ def test_refusals_are_one_line_errors(tmp_path, kill_data, capsys):  # noqa: F81
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(ferry.FerryError, match="beta1 = 0"):
         ferry.pack(tmp_path / "a", tmp_path / "out3")
+    meta["optim_scalars"]["param_groups"][0]["betas"] = [0.0, 0.999]
+    meta_path.write_text(json.dumps(meta))
+    state_path = tmp_path / "a" / "checkpoint" / "state.safetensors"
+    good = load_file(str(state_path))
+    for key, value, refusal in (("exp_avg_sq", math.nan, "is not finite: the run has diverged"),
+                                ("model.", 1e6, "does not fit float16")):
+        tensors = dict(good)
+        name = next(k for k in tensors if (k.endswith(key) if key == "exp_avg_sq" else k.startswith(key))
+                    and tensors[k].is_floating_point())
+        tensors[name] = tensors[name].clone()
+        tensors[name].view(-1)[0] = value
+        save_file(tensors, str(state_path))
+        with pytest.raises(ferry.FerryError, match=refusal):
+            ferry.pack(tmp_path / "a", tmp_path / "out4")
+    save_file(good, str(state_path))
+    assert ferry.pack(tmp_path / "a", tmp_path / "out5")["epoch"] == 2  # the run itself is carried as before
 
 
 def test_a_piece_paused_at_an_epoch_end_carries_and_one_stopped_mid_epoch_carries_without_best(tmp_path, kill_data):  # noqa: F811,E501

@@ -105,7 +105,9 @@ def test_load_bf16_scores_and_generates_close_to_fp32(informative_checkpoint):
     assert b["num_tokens"] == a["num_tokens"]
     assert b["ppl"] != a["ppl"], "bf16 scoring gave fp32's exact number: the low precision was not applied"
     assert b["ppl"] == pytest.approx(a["ppl"], rel=0.01)
-    assert isinstance(model.generate("the cat", max_new_tokens=5, seed=0), str)
+    # greedy generation picks the same words (this checkpoint's top choices are far apart next to bf16's error)
+    greedy = model.generate("the cat", max_new_tokens=8, temperature=0)
+    assert greedy == zoo.load(str(tiny_checkpoint)).generate("the cat", max_new_tokens=8, temperature=0)
     assert model.set_precision("fp32").score(text)[0]["ppl"] == a["ppl"]
 
 

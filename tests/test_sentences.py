@@ -27,6 +27,7 @@ def test_sentences_are_lines_truncated_and_framed():
     assert [s.tolist() for s in seqs] == [[0, 5, 6, 0], [0, 7, 8, 9], [0, 11, 0]]   # [7 8 9 10] truncated: no <eos>
     sample = sentences(stream, eos, max_len=3, limit=2)
     assert len(sample) == 2 and [s.tolist() for s in sample] == [s.tolist() for s in sentences(stream, eos, 3, 2)]
+    assert all(s.tolist() in [t.tolist() for t in seqs] for s in sample)  # a sample of the lines, fixed by the seed
     with pytest.raises(ValueError, match="max_len"):
         sentences(stream, eos, max_len=0)
 

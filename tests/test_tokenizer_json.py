@@ -47,10 +47,13 @@ def test_tokenizer_json_gives_the_zoo_ids_on_the_corpus_splits(name):
 
 
 def test_every_bundled_model_ships_one_matching_its_vocab():
+    checked = []
     for name in catalog().get("models", {}):
         folder = bundled_dir() / name
         if not (folder / "config.json").is_file():
             continue
+        checked.append(name)
         vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
         model = json.loads((folder / TOKENIZER_FILE).read_text(encoding="utf-8"))["model"]
         assert model["type"] == "WordLevel" and model["vocab"] == {t: i for i, t in enumerate(vocab)}, name
+    assert checked and checked == list(catalog()["models"]), "every catalogue model is bundled here and checked"

@@ -625,15 +625,18 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, k
     recipe = write_recipe(tmp_path / "r.toml", optimizer="sgd", epochs=3, extra_train="")
     recipe.write_text(recipe.read_text().replace("lr = 0.003", "lr = 1e30").replace("clip = 5.0", "clip = 0.0"))
     run = tmp_path / "run"
-    proc = zoo("train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--run-dir", str(run))
+    # a checkpoint after every step, so that one exists from before the divergence
+    proc = zoo("train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--run-dir", str(run),
+               "--checkpoint-every-steps", "1")
     last = proc.stderr.strip().splitlines()[-1]   # (above it: the progress bar)
     assert proc.returncode == 2 and last.startswith("zoo: error: training diverged at epoch 1"), proc.stderr[-2000:]
     assert "--restart" in last and "Traceback" not in proc.stderr
     log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
     assert log[-1]["event"] == "diverged" and not any("valid_ppl" in r for r in log)
-    if (run / "checkpoint").exists():   # any checkpoint kept is a finite one
-        assert all(torch.isfinite(t).all() for k, t in load_file(str(run / "checkpoint" / "state.safetensors"))
-                   .items() if k.startswith("model."))
+    meta = json.loads((run / "checkpoint" / "meta.json").read_text())   # the last good one is kept ...
+    assert 1 <= meta["step"] < log[-1]["step"], (meta, log[-1])         # ... from before the diverged step
+    state = load_file(str(run / "checkpoint" / "state.safetensors"))
+    assert all(torch.isfinite(t).all() for k, t in state.items() if k.startswith("model."))
 
 
 def test_one_process_per_run_dir_and_no_silent_restart_over_results(tmp_path, kill_data):

@@ -523,10 +523,13 @@ class Trainer:
         return path.stat().st_size if path.exists() else 0
 
     def _check_finite(self) -> None:
-        """Stop a run whose training loss has become NaN or infinite (it stays so: every later step and
-        checkpoint would be garbage), logging where, and keeping the last good checkpoint and best model. Under
-        torchrun each rank sees only its own columns' loss: the ranks agree, so all stop (and rank 0 logs)."""
-        finite = math.isfinite(self.epoch_loss)
+        """Stop a run whose training loss or weights have become NaN or infinite (they stay so: every later step
+        and checkpoint would be garbage), logging where, and keeping the last good checkpoint and best model. The
+        weights are checked too because an exploding step's loss is still finite while the update it makes is not:
+        checking the loss alone would write that update as the "last good" checkpoint. Under torchrun each rank
+        sees only its own columns' loss: the ranks agree, so all stop (and rank 0 logs)."""
+        finite = math.isfinite(self.epoch_loss) and bool(
+            torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all())
         if self.world > 1:
             flag = torch.tensor([int(finite)], dtype=torch.int64, device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
@@ -535,9 +538,9 @@ class Trainer:
             return
         self._log_line({"event": "diverged", "epoch": self.epoch, "pos": self.pos, "step": self.step,
                         "lr": self.lr})
-        raise TrainingDiverged(f"training diverged at epoch {self.epoch}, step {self.step} (the training loss is "
-                               f"not finite); the last good checkpoint and best model in {self.run_dir} are kept: "
-                               f"lower the lr (or clip) and train again with --restart")
+        raise TrainingDiverged(f"training diverged at epoch {self.epoch}, step {self.step} (the training loss or "
+                               f"the weights are not finite); the last good checkpoint and best model in "
+                               f"{self.run_dir} are kept: lower the lr (or clip) and train again with --restart")
 
     def load_training_checkpoint(self) -> bool:
         ckpt = self.ckpt_dir
@@ -810,51 +813,55 @@ class Trainer:
             bar = tqdm(total=total, initial=self.pos, desc=f"epoch {self.epoch}/{cfg.epochs}",
                        unit="batch" if order is not None else "row", disable=not self.progress, leave=False)
             t0 = time.time()
-            while (batch := self._next_batch(order)) is not None:
-                x, y, seq_len, new_pos = batch
-                if order is not None:
-                    self.state = None            # sentences: every sequence starts from a zero state
-                loss = self.train_step(x, y, seq_len)
-                if order is not None:
-                    self.state = None
-                n = y.numel() if order is None else int((y != PAD_TARGET).sum())
-                self.epoch_loss += loss * n
-                self.epoch_tokens += n
-                bar.update(new_pos - self.pos)
-                self.pos = new_pos
-                self.step += 1
-                steps_since_start += 1
-                if self._tb is not None:
-                    self._tb_step(loss)
-                if self.progress and self.step % 20 == 0:
-                    bar.set_postfix(loss=f"{self.epoch_loss / self.epoch_tokens:.3f}", lr=f"{self.lr:.3g}")
-                now = time.time()
-                due = (self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0) or \
-                    now - last_ckpt > cfg.checkpoint_minutes * 60
-                # test hook (before the decisions below, so a signal it sends is acted on at this step; under
-                # torchrun only the last rank signals itself: the others learn of the stop from the agreement)
-                if self.crash_after_steps and steps_since_start == self.crash_after_steps and \
-                        self.rank == self.world - 1:
-                    os.kill(os.getpid(), self.crash_signal)
-                # the decisions every rank must share; the handler's flag is only read here, never overwritten (a
-                # signal arriving after this point is acted on at the next step)
-                due, stop = self._agree(bool(due) and self.pos < total, self._stop_signal)
-                if due and not stop:  # (a stop writes its own checkpoint just below)
-                    self.epoch_seconds += now - t0
-                    t0 = now
-                    self.elapsed = now - start_wall
-                    self.save_training_checkpoint()
-                    last_ckpt = now
-                if stop:
-                    self.epoch_seconds += time.time() - t0
-                    self.elapsed = time.time() - start_wall
-                    self.save_training_checkpoint()
-                    self._log_line({"event": "interrupted", "signal": signal.Signals(stop).name,
-                                    "epoch": self.epoch, "pos": self.pos, "step": self.step})
-                    bar.close()
-                    if self.world > 1:  # no rank exits before rank 0 has written: torchrun answers a rank's exit
-                        dist.barrier()  # by sending SIGTERM to the others
-                    raise Interrupted(stop, self.ckpt_dir)
+            try:
+                while (batch := self._next_batch(order)) is not None:
+                    x, y, seq_len, new_pos = batch
+                    if order is not None:
+                        self.state = None            # sentences: every sequence starts from a zero state
+                    loss = self.train_step(x, y, seq_len)
+                    if order is not None:
+                        self.state = None
+                    n = y.numel() if order is None else int((y != PAD_TARGET).sum())
+                    self.epoch_loss += loss * n
+                    self.epoch_tokens += n
+                    bar.update(new_pos - self.pos)
+                    self.pos = new_pos
+                    self.step += 1
+                    steps_since_start += 1
+                    if self._tb is not None:
+                        self._tb_step(loss)
+                    if self.progress and self.step % 20 == 0:
+                        bar.set_postfix(loss=f"{self.epoch_loss / self.epoch_tokens:.3f}", lr=f"{self.lr:.3g}")
+                    now = time.time()
+                    due = (self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0) or \
+                        now - last_ckpt > cfg.checkpoint_minutes * 60
+                    # test hook (before the decisions below, so a signal it sends is acted on at this step; under
+                    # torchrun only the last rank signals itself: the others learn of the stop from the agreement)
+                    if self.crash_after_steps and steps_since_start == self.crash_after_steps and \
+                            self.rank == self.world - 1:
+                        os.kill(os.getpid(), self.crash_signal)
+                    # the decisions every rank must share; the handler's flag is only read here, never overwritten (a
+                    # signal arriving after this point is acted on at the next step)
+                    due, stop = self._agree(bool(due) and self.pos < total, self._stop_signal)
+                    if due and not stop:  # (a stop writes its own checkpoint just below)
+                        self.epoch_seconds += now - t0
+                        t0 = now
+                        self.elapsed = now - start_wall
+                        self.save_training_checkpoint()
+                        last_ckpt = now
+                    if stop:
+                        self.epoch_seconds += time.time() - t0
+                        self.elapsed = time.time() - start_wall
+                        self.save_training_checkpoint()
+                        self._log_line({"event": "interrupted", "signal": signal.Signals(stop).name,
+                                        "epoch": self.epoch, "pos": self.pos, "step": self.step})
+                        bar.close()
+                        if self.world > 1:  # no rank exits before rank 0 has written: torchrun answers a rank's exit
+                            dist.barrier()  # by sending SIGTERM to the others
+                        raise Interrupted(stop, self.ckpt_dir)
+            except BaseException:  # (a divergence, a crash): the error line starts on a line of its own
+                bar.close()
+                raise
             bar.close()
             self.epoch_seconds += time.time() - t0
             self._end_epoch()
