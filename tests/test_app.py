@@ -26,6 +26,7 @@ import torch
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
+import zoo  # noqa: E402
 from tests.conftest import REPO, TINY_ARCHS, tiny_lm, tiny_tokenizer  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
@@ -214,8 +215,12 @@ def test_default_model_scores(served):
     client, _, registry = served
     report, _, _ = client.predict("The Dow rose 3.5% on Monday.", registry.default, app.NONE_CHOICE,
                                   api_name="/score")
-    res = report["models"][0]
-    assert res["model"] == registry.default and res["num_tokens"] > 1 and math.isfinite(res["perplexity"])
+    (res,) = report["models"]
+    entry = registry.entries[registry.default]
+    ref_model = zoo.load(registry.default) if entry["source"] == "bundled" else zoo.load(entry["dir"])
+    ref = ref_model.score("The Dow rose 3.5% on Monday.")[0]
+    assert res["model"] == registry.default and res["num_tokens"] == ref["num_tokens"] > 1
+    assert res["perplexity"] == pytest.approx(ref["ppl"], rel=1e-9) and math.isfinite(res["perplexity"])
 
 
 @pytest.mark.parametrize(("endpoint", "args", "message"), [
