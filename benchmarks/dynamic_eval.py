@@ -20,7 +20,9 @@ the JSON's ``chosen`` by hand (``tests/test_dynamic.py`` checks that they agree)
 
 ``--model NAME`` measures another bundled model (the README's models table shows its dynamic test number too) on a
 small grid around ``DEFAULTS`` (:data:`NEAR_DEFAULTS`: the defaults and two neighbours, chosen on validation as
-above); it writes ``dynamic_eval-NAME.json`` / ``.md`` and leaves the defaults' own file alone.
+above); it writes ``dynamic_eval-NAME.json`` / ``.md`` and leaves the defaults' own file alone. Then
+``zoo bundle --refresh NAME`` stores the chosen point in the model's ``config.json`` (``dynamic_eval``), which
+``--dynamic`` uses. ``--render`` rewrites the markdown from the JSON without measuring.
 
 ``--quick``: a tiny version (a few hundred tokens, two grid points, statistics over a few thousand training
 tokens) that checks the script runs; it writes to ``--out`` only, its numbers mean nothing.
@@ -154,8 +156,9 @@ def markdown(res: dict[str, Any]) -> str:
               f"({sp['slowdown_min_max'][0]:.2f}-{sp['slowdown_min_max'][1]:.2f}x).",
               "`zoo.dynamic.DEFAULTS` is the chosen point (`tests/test_dynamic.py` checks it against the JSON)."
               if m["model"] == MODEL else
-              f"The grid is `zoo.dynamic.DEFAULTS` (tuned on `{MODEL}`) and two neighbours; `zoo score "
-              f"{m['model']} --dynamic` uses the defaults (the first row)."]
+              f"The grid is `zoo.dynamic.DEFAULTS` (tuned on `{MODEL}`) and two neighbours. `zoo bundle` stores the "
+              f"chosen point in the model's `config.json` (`dynamic_eval`), so `zoo score {m['model']} --dynamic` "
+              "uses it (`tests/test_dynamic.py` checks the bundled config against this JSON)."]
     for e in res.get("earlier_runs", []):
         ch = e.get("chosen")
         what = (f"chose {ch['rule']} lr {ch['lr']:g} decay {ch['decay']:g}, "
@@ -180,9 +183,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the grid points --out already holds (same model and token limit) and measure only the "
                     "new ones; statistics, static, the choice, test and speed are redone; the earlier run's choice "
                     "and its test number are kept under 'earlier_runs'")
+    ap.add_argument("--render", action="store_true",
+                    help="measure nothing: rewrite the markdown from the JSON --out already holds")
     args = ap.parse_args(argv)
     args.out = args.out or str(RESULTS / ("dynamic_eval.json" if args.model == MODEL
                                           else f"dynamic_eval-{args.model}.json"))
+    if args.render:
+        if not Path(args.out).is_file():
+            ap.error(f"--render: {args.out} does not exist")
+        Path(args.out).with_suffix(".md").write_text(markdown(json.loads(Path(args.out).read_text())),
+                                                     encoding="utf-8")
+        return 0
     if args.quick:
         args.tokens, args.speed_tokens, args.rounds = args.tokens or 300, min(args.speed_tokens, 200), 1
         if Path(args.out).resolve().parent == RESULTS.resolve():

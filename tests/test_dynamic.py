@@ -272,3 +272,68 @@ def test_defaults_are_the_benchmarks_validation_choice():
     assert not res["meta"]["quick"] and not res["meta"]["tokens_limit"]
     assert res["chosen"] == min(res["grid"], key=lambda g: g["valid"]["ppl"])["params"]
     assert DynamicParams(**res["chosen"]) == DEFAULTS
+
+
+def _with_dynamic_eval(checkpoint, settings) -> None:
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps(dict(config, dynamic_eval=settings)))
+
+
+def test_a_checkpoints_own_settings_are_what_dynamic_true_uses(tiny_checkpoint, tiny_data):
+    """A model tuned on its validation split carries its settings (config.json ``dynamic_eval``): ``dynamic=True``
+    and the CLI's ``--dynamic`` use them, and a mapping or a ``--dynamic-*`` option changes one of them."""
+    import zoo
+
+    own = {"rule": "sgd", "lr": 0.1, "decay": 0.01, "segment": 10}
+    _with_dynamic_eval(tiny_checkpoint, own)
+    model = zoo.load(str(tiny_checkpoint))
+    assert model.dynamic_defaults == DynamicParams(**own)
+    text = "\n".join(["the cat sat on the mat"] * 6)
+    mine = model.score(text, dynamic=True)[0]["nll"]
+    assert mine == model.score(text, dynamic=DynamicParams(**own))[0]["nll"]
+    assert mine != pytest.approx(model.score(text, dynamic=DEFAULTS.with_changes({"rule": "sgd"}))[0]["nll"],
+                                 rel=1e-6), "the built-in defaults score differently: the test can tell them apart"
+    changed = model.score(text, dynamic={"lr": 0.0})[0]["nll"]
+    assert changed == model.score(text, dynamic=DynamicParams(**{**own, "lr": 0.0}))[0]["nll"] != mine
+    cli = [sys.executable, "-m", "zoo.cli", "score", str(tiny_checkpoint), "--text", text, "--json", "--dynamic"]
+    env = {**os.environ, "ZOO_DATA_DIR": str(tiny_data)}
+    for extra, want in (([], mine), (["--dynamic-lr", "0"], changed)):
+        run = subprocess.run([*cli, *extra], capture_output=True, text=True, cwd=REPO, env=env)
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["nll"] == pytest.approx(want, rel=1e-6)
+    with pytest.raises(ValueError, match="unknown dynamic-evaluation setting.*'lrr'"):
+        model.score(text, dynamic={"lrr": 0.0})
+    info = subprocess.run([sys.executable, "-m", "zoo.cli", "info", str(tiny_checkpoint), "--json"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert json.loads(info.stdout)["dynamic_eval"] == {**DynamicParams(**own).to_dict(), "source": "config.json"}
+
+
+@pytest.mark.parametrize(("settings", "says"), [({"decay": 5}, "decay must be at most 1"),
+                                                ({"speed": 1}, "unknown dynamic-evaluation setting"),
+                                                ([1, 2], "must be a mapping")])
+def test_a_malformed_dynamic_eval_entry_is_refused_at_load(tiny_checkpoint, settings, says):
+    import zoo
+    from zoo.errors import CheckpointError
+
+    _with_dynamic_eval(tiny_checkpoint, settings)
+    with pytest.raises(CheckpointError, match=f"config.json 'dynamic_eval': .*{says}"):
+        zoo.load(str(tiny_checkpoint))
+
+
+def test_bundled_models_carry_their_measured_settings():
+    """Every bundled model ``benchmarks/dynamic_eval.py`` measured ships the point it chose on validation (so
+    ``--dynamic`` reproduces the README's "test, dynamic eval" column), and its card says so; the others ship none."""
+    from zoo.catalog import bundled_dir, catalog
+    from zoo.tools.cards import dynamic_runs
+
+    runs = dynamic_runs(REPO / "benchmarks" / "results")
+    assert "alstm-ptb-5m-long-medium" in runs
+    for name in catalog()["models"]:
+        config = json.loads((bundled_dir() / name / "config.json").read_text())
+        card = (bundled_dir() / name / "README.md").read_text()
+        if name in runs:
+            assert config["dynamic_eval"] == runs[name]["chosen"], name
+            assert f"test perplexity {runs[name]['dynamic']['test']['ppl']:.2f}" in card, name
+            assert f"`zoo eval {name} --dataset {config['dataset']} --split test --dynamic`" in card, name
+        else:
+            assert "dynamic_eval" not in config, name

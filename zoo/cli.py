@@ -79,7 +79,10 @@ def cmd_info(args: argparse.Namespace) -> int:
             "directory": str(getattr(model, "directory", "")), "architecture": model.lm.architecture,
             "num_parameters": model.num_parameters, "vocab_size": len(model.tokenizer),
             "normalization": model.tokenizer.normalization, "model_args": model.lm.config,
-            "dataset": model.config.get("dataset"), "metrics": model.config.get("metrics")}
+            "dataset": model.config.get("dataset"), "metrics": model.config.get("metrics"),
+            # what --dynamic uses: the settings chosen for this model on validation, else the built-in defaults
+            "dynamic_eval": dict(model.dynamic_defaults.to_dict(),
+                                 source="config.json" if model.config.get("dynamic_eval") else "built-in defaults")}
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -385,7 +388,9 @@ def _dynamic_options(sp: argparse.ArgumentParser) -> None:
     from zoo.dynamic import DEFAULTS, RULES
 
     sp.add_argument("--dynamic", action="store_true", help="dynamic evaluation: the weights adapt to the text "
-                    "segment by segment, each segment scored before the step that uses it (zoo/dynamic.py)")
+                    "segment by segment, each segment scored before the step that uses it (zoo/dynamic.py), with "
+                    "the settings chosen for the model on validation where its config.json has them "
+                    "('dynamic_eval'), else the defaults below; a --dynamic-* option changes one")
     # (defaults None: a --dynamic-* option given without --dynamic is refused, not silently ignored)
     sp.add_argument("--dynamic-segment", type=int, help=f"tokens per update (default {DEFAULTS.segment})")
     sp.add_argument("--dynamic-lr", type=float, help=f"step size (default {DEFAULTS.lr})")
@@ -402,9 +407,10 @@ def _dynamic_options(sp: argparse.ArgumentParser) -> None:
 
 
 def _dynamic(args: argparse.Namespace, stream_flags: tuple[str, ...] = ()):
-    """The dynamic-evaluation settings, checked before the model loads (an ONNX backend would be exported first).
+    """The dynamic-evaluation request, checked before the model loads (an ONNX backend would be exported first):
+    ``False``, ``True`` (the model's own settings) or the settings the options change (``{"decay": 0.0003}``).
     ``stream_flags``: options of the static protocol that dynamic evaluation replaces (refused with it)."""
-    from zoo.dynamic import DEFAULTS, DynamicParams
+    from zoo.dynamic import DEFAULTS
 
     given = {k: v for k in ("segment", "lr", "decay", "rule", "eps", "stats_tokens")
              if (v := getattr(args, f"dynamic_{k}")) is not None}
@@ -420,11 +426,11 @@ def _dynamic(args: argparse.Namespace, stream_flags: tuple[str, ...] = ()):
     if fixed:
         raise UsageError(f"{' and '.join('--' + f.replace('_', '-') for f in fixed)} do not apply with --dynamic "
                          "(it scores one stream, batch 1, in --dynamic-segment pieces)")
-    try:
-        return DynamicParams(**{k: given.get(k, getattr(DEFAULTS, k))
-                                for k in ("segment", "lr", "decay", "rule", "eps", "stats_tokens")})
+    try:  # each value checked now; the model's own settings (ZooModel.dynamic_defaults) are what they change
+        DEFAULTS.with_changes(given)
     except ValueError as e:
         raise UsageError(f"--dynamic: {e}") from None
+    return given or True
 
 
 def cmd_download(args: argparse.Namespace) -> int:

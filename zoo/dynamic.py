@@ -29,14 +29,18 @@ see, or keep, half-adapted weights), and scoring the same text twice gives the s
 are read, never written. Costs a forward and a backward pass per segment at batch 1.
 
 ``lr``, ``decay`` and ``segment`` defaults are chosen on the validation split, never on test (:data:`DEFAULTS`
-says from what).
+says from what). A model tuned on its own validation split carries its chosen settings in its checkpoint
+(``config.json`` ``dynamic_eval``; a setting it leaves out is :data:`DEFAULTS`'), and scoring it with
+``dynamic=True`` uses them: the number its card shows is what ``--dynamic`` gives.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -108,14 +112,29 @@ class DynamicParams:
     def to_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
 
+    def with_changes(self, changes: Mapping[str, Any]) -> DynamicParams:
+        """These settings with some replaced: how a model's own settings (a checkpoint's ``dynamic_eval``) and a
+        user's options combine. An unknown name is a :class:`ConfigError` naming the known ones (a misspelt setting
+        must not be silently ignored); values are checked as in the constructor."""
+        if not isinstance(changes, Mapping):
+            raise ConfigError(f"dynamic-evaluation settings must be a mapping of names to values, got "
+                              f"{type(changes).__name__}")
+        unknown = sorted(str(k) for k in changes if k not in _FIELDS)
+        if unknown:
+            raise ConfigError(f"unknown dynamic-evaluation setting(s) {', '.join(map(repr, unknown))} "
+                              f"(known: {', '.join(_FIELDS)})")
+        return replace(self, **changes)
+
 
 #: The defaults (see DynamicParams): ``rule="rms"``, ``segment=20``, ``lr=5e-5``, ``decay=0.001``, ``eps=1e-5``,
 #: statistics from the first 100k training tokens (batch 20, BPTT 70). Chosen as the lowest PTB *validation*
 #: perplexity of ``alstm-ptb-5m-light`` over the grid of ``benchmarks/dynamic_eval.py`` (never on test; every grid
 #: point, and the test number of the chosen point only, are in ``benchmarks/results/dynamic_eval.json``, which
 #: ``tests/test_dynamic.py`` checks this against). Segment 20 (not the paper's 5) for speed at batch 1; ``eps``
-#: and the statistics' settings were not tuned; the best decay was the grid's smallest.
+#: and the statistics' settings were not tuned; the best decay was the grid's smallest. A model tuned on its own
+#: validation split keeps its settings in its checkpoint (``ZooModel.dynamic_defaults``).
 DEFAULTS = DynamicParams()
+_FIELDS = tuple(f.name for f in fields(DynamicParams))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,10 @@ class ZooModel:
         self.backend = backend
         self.precision = "fp32"
         self._dynamic_stats: dict[tuple, GradStats] = {}
+        try:  # checked at load: a malformed entry is a broken checkpoint, not a surprise at scoring time
+            self.dynamic_defaults: DynamicParams = DYNAMIC_DEFAULTS.with_changes(config.get("dynamic_eval") or {})
+        except ConfigError as e:
+            raise CheckpointError(f"config.json 'dynamic_eval': {e}") from None
 
     @property
     def pinned(self) -> bool:
@@ -116,9 +120,10 @@ class ZooModel:
 
     # -- the main API ---------------------------------------------------------------------------------
     def score(self, texts: str | list[str], return_tokens: bool = False, batch_size: int = 16,
-              progress: bool = False, dynamic: bool | DynamicParams = False) -> ScoreReport:
-        """Score one text or a list; see :mod:`zoo.scoring` for the fields and conventions. ``dynamic=True`` (or
-        :class:`~zoo.dynamic.DynamicParams`) scores each text by dynamic evaluation (:mod:`zoo.dynamic`)."""
+              progress: bool = False, dynamic: bool | DynamicParams | Mapping[str, Any] = False) -> ScoreReport:
+        """Score one text or a list; see :mod:`zoo.scoring` for the fields and conventions. ``dynamic=True`` (this
+        model's own settings), a mapping of settings to change, or a :class:`~zoo.dynamic.DynamicParams` scores each
+        text by dynamic evaluation (:mod:`zoo.dynamic`)."""
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -133,14 +138,21 @@ class ZooModel:
         return score_texts(self.lm if dyn else self.runner, self.tokenizer, texts, return_tokens=return_tokens,
                            batch_size=batch_size, progress=progress, dynamic=dyn, dynamic_stats=stats)
 
-    def _dynamic(self, dynamic: bool | DynamicParams) -> DynamicParams | None:
+    def _dynamic(self, dynamic: bool | DynamicParams | Mapping[str, Any]) -> DynamicParams | None:
+        """``True``: this model's own settings (:attr:`dynamic_defaults`: those chosen for it on validation, where
+        its checkpoint has them, else :data:`zoo.dynamic.DEFAULTS`); a mapping: those settings with some changed
+        (``{"decay": 0.0003}``); a :class:`DynamicParams`: exactly these."""
         if dynamic is False or dynamic is None:
             return None
         if self.backend != "eager" or self.precision != "fp32":
             raise ConfigError("dynamic evaluation runs on the eager backend in fp32 (it takes gradient steps)")
-        if dynamic is not True and not isinstance(dynamic, DynamicParams):
-            raise WrongType("dynamic must be a bool or a zoo.dynamic.DynamicParams")
-        return DYNAMIC_DEFAULTS if dynamic is True else dynamic
+        if isinstance(dynamic, DynamicParams):
+            return dynamic
+        if isinstance(dynamic, Mapping):
+            return self.dynamic_defaults.with_changes(dynamic)
+        if dynamic is not True:
+            raise WrongType("dynamic must be a bool, a mapping of settings or a zoo.dynamic.DynamicParams")
+        return self.dynamic_defaults
 
     def dynamic_stats(self, params: DynamicParams = DYNAMIC_DEFAULTS, data_dir: str | os.PathLike | None = None,
                       progress: bool = False) -> GradStats | None:
@@ -201,7 +213,7 @@ class ZooModel:
 
     def evaluate(self, dataset: str | None = None, split: str = "test", data_dir: str | None = None,
                  batch_size: int | None = None, bptt: int | None = None, progress: bool = True,
-                 dynamic: bool | DynamicParams = False) -> dict[str, Any]:
+                 dynamic: bool | DynamicParams | Mapping[str, Any] = False) -> dict[str, Any]:
         """Corpus metrics of a benchmark split, by default with the model's own protocol (:meth:`eval_protocol`), so
         the number reproduces its card; ``dataset`` defaults to the one it was trained on. ``dynamic``: score the
         split as one stream by dynamic evaluation (:mod:`zoo.dynamic`) instead."""

@@ -202,10 +202,14 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
            figures: Sequence[str | os.PathLike] = (), recipe_path: str | os.PathLike | None = None,
            repo_id: str | None = None, revision: str | None = None, license: str = "mit",
            pretrained_dir: str | os.PathLike | None = None, catalog_file: str | os.PathLike | None = None,
-           cards_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Bundle a finished run; returns the catalogue entry written (plus ``directory`` and ``card``)."""
+           cards_dir: str | os.PathLike | None = None, results_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Bundle a finished run; returns the catalogue entry written (plus ``directory`` and ``card``).
+
+    Where ``benchmarks/dynamic_eval.py`` has measured the model (a result in ``results_dir``, default
+    ``benchmarks/results``), the settings it chose on validation go into ``config.json`` as ``dynamic_eval``: so
+    ``--dynamic`` scores the model as its card and the README's table say it was scored."""
     from zoo.checkpoint import CheckpointError, load_checkpoint
-    from zoo.tools.cards import build_card, release_metrics
+    from zoo.tools.cards import build_card, dynamic_runs, release_metrics
 
     run = Path(run_dir)
     ev, log, config = read_run(run)
@@ -236,6 +240,10 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
         for f in (VOCAB_FILE, WEIGHTS_FILE):
             shutil.copyfile(run / "release" / f, stage / f)
         config = dict(config, name=name, metrics=metrics)
+        dynamic = dynamic_runs(Path(results_dir) if results_dir else REPO / "benchmarks" / "results").get(name)
+        config.pop("dynamic_eval", None)  # (a refresh starts from the bundled config: the result decides anew)
+        if dynamic:
+            config["dynamic_eval"] = dynamic["chosen"]
         (stage / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         try:
             _, tokenizer, _ = load_checkpoint(stage)  # strict: the shipped files must load exactly
@@ -250,7 +258,7 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
         sizes = {f: (stage / f).stat().st_size for f in RELEASE_FILES}
         card = build_card(name, ev, log, config, repo_id=repo_id, revision=revision, license=license,
                           figures=fig_names, reference=reference, file_sizes=sizes,
-                          comparisons=tier_reports(cards, ev["name"]))
+                          comparisons=tier_reports(cards, ev["name"]), dynamic=dynamic)
         (stage / CARD_FILE).write_text(card, encoding="utf-8")
         files = file_records(stage)
         rel = ev.get("release") or {}
@@ -364,14 +372,15 @@ def _refresh_plan(name: str, cat_file: Path, target_root: Path, cards: Path) -> 
 
 
 def refresh(name: str, *, pretrained_dir: str | os.PathLike | None = None,
-            catalog_file: str | os.PathLike | None = None,
-            cards_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+            catalog_file: str | os.PathLike | None = None, cards_dir: str | os.PathLike | None = None,
+            results_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Rebuild a bundled model's card and catalogue entry from its own files, for when what the card quotes has
     changed since it was bundled (a tier report regenerated, a recipe's ``[reference]`` corrected, the card
-    generator improved) and the run dir is gone. The bundled folder, ``<name>.eval.json`` and ``<name>.log.jsonl``
-    are the run: the weights, vocabulary and figures are copied through unchanged (byte-identical); the Hub repo,
-    revision, licence and default are kept, and the reference is the recipe file's (else the catalogue's). The
-    card's hash in the catalogue changes: a release already on the Hub needs publishing again, as a new tag."""
+    generator improved, a dynamic-evaluation result added) and the run dir is gone. The bundled folder,
+    ``<name>.eval.json`` and ``<name>.log.jsonl`` are the run: the weights, vocabulary and figures are copied through
+    unchanged (byte-identical); the Hub repo, revision, licence and default are kept, and the reference is the recipe
+    file's (else the catalogue's). The card's hash in the catalogue changes (and config.json's, where its
+    ``dynamic_eval`` does): a release already on the Hub needs publishing again, as a new tag."""
     import tempfile
 
     cat_file, target_root, cards = _places(catalog_file, pretrained_dir, cards_dir)
@@ -394,7 +403,7 @@ def refresh(name: str, *, pretrained_dir: str | os.PathLike | None = None,
                                                               for k, v in plan["reference"].items()))
         return bundle(run, name, figures=figures, recipe_path=recipe_path, repo_id=entry.get("repo_id"),
                       revision=entry.get("revision"), license=plan["licence"], pretrained_dir=target_root,
-                      catalog_file=cat_file, cards_dir=cards)
+                      catalog_file=cat_file, cards_dir=cards, results_dir=results_dir)
 
 
 # -- command line -------------------------------------------------------------------------------------------

@@ -155,13 +155,14 @@ def card_data(name: str, ev: dict[str, Any], license: str = "mit", tags: list[st
 def build_card(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *,
                repo_id: str, revision: str, license: str = "mit", figures: list[str] | None = None,
                reference: dict[str, Any] | None = None, file_sizes: dict[str, int] | None = None,
-               comparisons: list[dict[str, Any]] | None = None) -> str:
+               comparisons: list[dict[str, Any]] | None = None, dynamic: dict[str, Any] | None = None) -> str:
     """The full card (front matter + body) of a bundled model. ``comparisons``: the tier reports
-    (:mod:`zoo.tools.tiers`) this run takes part in; the card states their claims, met or not."""
+    (:mod:`zoo.tools.tiers`) this run takes part in; the card states their claims, met or not. ``dynamic``: the
+    model's dynamic-evaluation result (:func:`dynamic_runs`), if it was measured."""
     data = card_data(name, ev, license=license)
     body = _body(name, ev, log, config, repo_id=repo_id, revision=revision, license=license,
                  figures=figures or [], reference=reference, file_sizes=file_sizes or {},
-                 comparisons=comparisons or [])
+                 comparisons=comparisons or [], dynamic=dynamic)
     return f"---\n{data.to_yaml()}\n---\n\n{body}"
 
 
@@ -234,7 +235,7 @@ def epoch_devices(log: list[dict[str, Any]], finished_on: str | None = None) -> 
 
 def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *, repo_id: str,
           revision: str, license: str, figures: list[str], reference: dict[str, Any] | None,
-          file_sizes: dict[str, int], comparisons: list[dict[str, Any]]) -> str:
+          file_sizes: dict[str, int], comparisons: list[dict[str, Any]], dynamic: dict[str, Any] | None) -> str:
     ds = get_dataset(ev["dataset"])
     recipe = ev["recipe"]
     arch = ev["architecture"]
@@ -369,6 +370,16 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
            "`<eos>`). " if ds.char_level else "")
         + f"Reproduce with `zoo eval {name} --dataset {ev['dataset']} --split test --batch-size "
         f"{ev['test'].get('batch_size')}`.")
+    if dynamic:
+        c, d = dynamic["chosen"], dynamic["dynamic"]
+        f["evaluation"] += (
+            f"\n\nDynamic evaluation (the weights adapt to the text as it is scored, each segment scored before the "
+            f"step that uses it; `zoo/dynamic.py`): test perplexity {d['test']['ppl']:.2f} against "
+            f"{dynamic['static']['test']['ppl']:.2f} static in the same run (batch 1), validation "
+            f"{d['valid']['ppl']:.2f}. Its settings were chosen on validation only and ship in `config.json` "
+            f"(`dynamic_eval`: rule `{c['rule']}`, segment {c['segment']}, lr {c['lr']:g}, decay {c['decay']:g}), "
+            f"so `zoo eval {name} --dataset {ev['dataset']} --split test --dynamic` uses them (source: "
+            f"`benchmarks/results/{dynamic['file']}`).")
     if dtype == "float32":
         f["storage"] = "Weights are stored in float32."
     else:
@@ -426,16 +437,21 @@ def short_device(device: str) -> str:
     return device
 
 
-def dynamic_results(results_dir: Path) -> dict[str, float]:
-    """``{model: test perplexity under dynamic evaluation}`` from the files ``benchmarks/dynamic_eval.py`` writes
-    in ``results_dir`` (``dynamic_eval.json``, the defaults' own model, and ``dynamic_eval-NAME.json``); a run
-    that did not finish, or a ``--quick`` one, gives nothing."""
+def dynamic_runs(results_dir: Path) -> dict[str, dict[str, Any]]:
+    """``{model: result}`` of the files ``benchmarks/dynamic_eval.py`` writes in ``results_dir``
+    (``dynamic_eval.json``, the defaults' own model, and ``dynamic_eval-NAME.json``), each result with its file's
+    name under ``"file"``; a run that did not finish, or a ``--quick`` one, gives nothing."""
     out = {}
     for path in sorted(results_dir.glob("dynamic_eval*.json")):
         res = json.loads(path.read_text())
         if res.get("dynamic") and not res["meta"].get("quick"):
-            out[res["meta"]["model"]] = res["dynamic"]["test"]["ppl"]
+            out[res["meta"]["model"]] = dict(res, file=path.name)
     return out
+
+
+def dynamic_results(results_dir: Path) -> dict[str, float]:
+    """``{model: test perplexity under dynamic evaluation}`` (:func:`dynamic_runs`)."""
+    return {m: res["dynamic"]["test"]["ppl"] for m, res in dynamic_runs(results_dir).items()}
 
 
 def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, float] | None = None) -> str:
