@@ -38,7 +38,7 @@ from zoo.scoring import evaluate_stream  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHIPPED_MIN_LOGITS = lm_mod.EVAL_MIN_LOGITS
-MODELS = ("lstm-wt2-11m", "alstm-wt2-11m", "alstm-ptb-5m-long-medium", "alstm-ptbchar-1.5m-long")
+MODELS = ("lstm-wt2-11m-long", "alstm-wt2-11m-long-light", "alstm-ptb-5m-long-medium", "alstm-ptbchar-1.5m-long")
 #: (protocol, columns, BPTT, chunks timed per round)
 PROTOCOLS = (("validation", 10, 70, 8), ("test", 1, 70, 40))
 

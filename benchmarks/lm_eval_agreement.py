@@ -15,7 +15,7 @@ What the README's lm-evaluation-harness section shows, measured here rather than
 Writes ``benchmarks/results/lm_eval_agreement.json`` and ``.md`` (the README's ``lm-eval-agreement`` section).
 
     python benchmarks/lm_eval_agreement.py                      # the catalogue's default model
-    python benchmarks/lm_eval_agreement.py --model lstm-wt2-11m
+    python benchmarks/lm_eval_agreement.py --model lstm-wt2-11m-long
 """
 
 from __future__ import annotations
