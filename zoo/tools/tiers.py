@@ -312,7 +312,7 @@ def markdown(report: dict[str, Any]) -> str:
                       f"{m['test']:.{digits}f}", r["device"]] if m else
                      ["", str(r["epochs_logged"] or ""),
                       f"({r['last_valid']:.{digits}f} at its last epoch)" if "last_valid" in r else "", "", ""])
-            status = "not trained yet" if r["status"] == "missing" else r["status"]
+            status = "no finished run in the repository yet" if r["status"] == "missing" else r["status"]
             if "prefix" in r and r["prefix"]["chosen_valid"] is not None:
                 px = r["prefix"]
                 status += (f" (epoch {px['epoch']}: {px['valid']:.{digits}f} vs {px['chosen_valid']:.{digits}f} "
@@ -320,7 +320,7 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {role} | {name} | {status} | " + " | ".join(cells) + " |")
         for r in info.get("seeds", {}).get("runs", []):
             cells = ["", "", f"{r['valid']:.{digits}f}", f"{r['test']:.{digits}f}", ""] if "test" in r else [""] * 5
-            status = "not trained yet" if r["status"] == "missing" else r["status"]
+            status = "no finished run in the repository yet" if r["status"] == "missing" else r["status"]
             lines.append(f"| {role} | {r['run']} | other seed of {info['chosen']}: {status} | " + " | ".join(cells)
                          + " |")
     b = report["param_budget"]
