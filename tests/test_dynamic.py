@@ -322,9 +322,10 @@ def test_a_malformed_dynamic_eval_entry_is_refused_at_load(tiny_checkpoint, sett
 
 def test_bundled_models_carry_their_measured_settings():
     """Every bundled model ``benchmarks/dynamic_eval.py`` measured ships the point it chose on validation (so
-    ``--dynamic`` reproduces the README's "test, dynamic eval" column), and its card says so; the others ship none."""
+    ``--dynamic`` reproduces the README's "test, dynamic eval" column), and its card says so, in the body and in
+    the machine-readable model-index (apart from the static numbers); the others ship none."""
     from zoo.catalog import bundled_dir, catalog
-    from zoo.tools.cards import dynamic_runs
+    from zoo.tools.cards import DYNAMIC_METRIC_CONFIG, card_metrics, dynamic_runs
 
     runs = dynamic_runs(REPO / "benchmarks" / "results")
     assert "alstm-ptb-5m-long-medium" in runs
@@ -335,5 +336,10 @@ def test_bundled_models_carry_their_measured_settings():
             assert config["dynamic_eval"] == runs[name]["chosen"], name
             assert f"test perplexity {runs[name]['dynamic']['test']['ppl']:.2f}" in card, name
             assert f"`zoo eval {name} --dataset {config['dataset']} --split test --dynamic`" in card, name
+            index = card_metrics(card)
+            for split in ("valid", "test"):
+                assert index[split][f"perplexity:{DYNAMIC_METRIC_CONFIG}"] == runs[name]["dynamic"][split]["ppl"]
+                assert index[split]["perplexity"] != index[split][f"perplexity:{DYNAMIC_METRIC_CONFIG}"]
         else:
             assert "dynamic_eval" not in config, name
+            assert not any(":" in key for split in card_metrics(card).values() for key in split), name

@@ -57,8 +57,16 @@ def release_metrics(ev: dict[str, Any]) -> dict[str, Any]:
     return {"metric": "perplexity", "valid": valid["ppl"], "test": test["ppl"]}
 
 
-def eval_results(ev: dict[str, Any]) -> list:
-    """``EvalResult`` entries (valid and test; perplexity, plus bits per character for char-level data)."""
+#: ``metric_config`` of the model-index entries measured under dynamic evaluation: same metric, same split, a
+#: different protocol, so a reader (and :func:`card_metrics`) never takes one for the static number.
+DYNAMIC_METRIC_CONFIG = "dynamic-evaluation"
+
+
+def eval_results(ev: dict[str, Any], dynamic: dict[str, Any] | None = None) -> list:
+    """``EvalResult`` entries (valid and test; perplexity, plus bits per character for char-level data).
+    ``dynamic`` (a :func:`dynamic_runs` result): its valid and test perplexities too, under
+    :data:`DYNAMIC_METRIC_CONFIG` with the settings chosen on validation as ``metric_args``, so the Hub's
+    machine-readable results hold the number the card's evaluation section quotes."""
     from huggingface_hub import EvalResult
 
     ds = get_dataset(ev["dataset"])
@@ -77,18 +85,26 @@ def eval_results(ev: dict[str, Any]) -> list:
             out.append(EvalResult(task_type=TASK_TYPE, task_name=TASK_NAME, dataset_type=ds.hub_id,
                                   dataset_name=title, dataset_config=ds.hub_config, dataset_split=split_name,
                                   metric_type=mtype, metric_name=mname, metric_value=value))
+        if dynamic:
+            out.append(EvalResult(task_type=TASK_TYPE, task_name=TASK_NAME, dataset_type=ds.hub_id,
+                                  dataset_name=title, dataset_config=ds.hub_config, dataset_split=split_name,
+                                  metric_type="perplexity", metric_name="Perplexity, dynamic evaluation",
+                                  metric_value=dynamic["dynamic"][split_key]["ppl"],
+                                  metric_config=DYNAMIC_METRIC_CONFIG, metric_args=dict(dynamic["chosen"])))
     return out
 
 
 def card_metrics(card_text: str) -> dict[str, dict[str, float]]:
-    """Parse a card's ``model-index`` back: ``{"valid": {"perplexity": x, ...}, "test": {...}}``."""
+    """Parse a card's ``model-index`` back: ``{"valid": {"perplexity": x, ...}, "test": {...}}``; a metric with a
+    ``metric_config`` is keyed ``"TYPE:CONFIG"`` (``"perplexity:dynamic-evaluation"``), apart from the static one."""
     from huggingface_hub import ModelCard
 
     card = ModelCard(card_text)
     out: dict[str, dict[str, float]] = {}
     for r in card.data.eval_results or []:
         split = {"validation": "valid"}.get(r.dataset_split, r.dataset_split)
-        out.setdefault(split, {})[r.metric_type] = r.metric_value
+        key = f"{r.metric_type}:{r.metric_config}" if r.metric_config else r.metric_type
+        out.setdefault(split, {})[key] = r.metric_value
     return out
 
 
@@ -140,14 +156,15 @@ def _fmt(v: float, digits: int = 2) -> str:
 
 
 # -- the card --------------------------------------------------------------------------------------------------
-def card_data(name: str, ev: dict[str, Any], license: str = "mit", tags: list[str] | None = None):
-    """The front matter (``ModelCardData``) of a run's card."""
+def card_data(name: str, ev: dict[str, Any], license: str = "mit", tags: list[str] | None = None,
+              dynamic: dict[str, Any] | None = None):
+    """The front matter (``ModelCardData``) of a run's card (``dynamic``: see :func:`eval_results`)."""
     from huggingface_hub import ModelCardData
 
     ds = get_dataset(ev["dataset"])
     base_tags = [LIBRARY, ev["architecture"], "recurrent-neural-network", "language-model", ev["dataset"],
                  "safetensors", "character-level" if ds.char_level else "word-level"]
-    return ModelCardData(model_name=name, eval_results=eval_results(ev), library_name=LIBRARY, license=license,
+    return ModelCardData(model_name=name, eval_results=eval_results(ev, dynamic), library_name=LIBRARY, license=license,
                          datasets=[ds.hub_id], language="en", pipeline_tag=TASK_TYPE,
                          tags=list(dict.fromkeys(base_tags + (tags or []))))
 
@@ -159,7 +176,7 @@ def build_card(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config:
     """The full card (front matter + body) of a bundled model. ``comparisons``: the tier reports
     (:mod:`zoo.tools.tiers`) this run takes part in; the card states their claims, met or not. ``dynamic``: the
     model's dynamic-evaluation result (:func:`dynamic_runs`), if it was measured."""
-    data = card_data(name, ev, license=license)
+    data = card_data(name, ev, license=license, dynamic=dynamic)
     body = _body(name, ev, log, config, repo_id=repo_id, revision=revision, license=license,
                  figures=figures or [], reference=reference, file_sizes=file_sizes or {},
                  comparisons=comparisons or [], dynamic=dynamic)
