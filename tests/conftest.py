@@ -66,7 +66,14 @@ def one_thread():
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _threads():
+def _threads(tmp_path_factory):
     torch.set_flush_denormal(True)
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    # what the suite makes on demand (exports, dynamic evaluation's statistics) stays out of the user's cache
+    previous = os.environ.get("ZOO_CACHE_DIR")
+    os.environ["ZOO_CACHE_DIR"] = str(tmp_path_factory.mktemp("zoo-cache"))
     yield
+    if previous is None:
+        os.environ.pop("ZOO_CACHE_DIR", None)
+    else:
+        os.environ["ZOO_CACHE_DIR"] = previous

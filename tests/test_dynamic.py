@@ -182,6 +182,46 @@ def test_model_statistics_come_from_its_training_split_and_are_cached(tiny_check
     assert model.dynamic_stats(p) is not st, "new weights, new statistics"
 
 
+def test_model_statistics_are_kept_on_disk_for_the_next_process(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
+    """Each ``zoo ... --dynamic`` command is a new process: the statistics are read back from the cache (the same
+    tensors), other weights never find them, a torn file is remade, and ``cache=False`` neither reads nor writes."""
+    import zoo
+    import zoo.pretrained
+
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    p = DynamicParams(**SMALL)
+    first = zoo.load(str(tiny_checkpoint)).dynamic_stats(p)
+    files = list((tmp_path / "cache" / "dynamic-stats").glob("*.safetensors"))
+    assert len(files) == 1
+
+    calls = []
+
+    def counted(*args, **kw):
+        calls.append(1)
+        return gradient_stats(*args, **kw)
+
+    monkeypatch.setattr(zoo.pretrained, "gradient_stats", counted)
+    again = zoo.load(str(tiny_checkpoint)).dynamic_stats(p)
+    assert not calls and all(torch.equal(a, b) for a, b in zip(first.rms, again.rms, strict=True))
+    assert again.num_tokens == first.num_tokens and again.key == first.key
+
+    files[0].write_bytes(files[0].read_bytes()[:100])  # torn
+    remade = zoo.load(str(tiny_checkpoint)).dynamic_stats(p)
+    assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(first.rms, remade.rms, strict=True))
+    assert zoo.load(str(tiny_checkpoint)).dynamic_stats(p) is not None and len(calls) == 1, "the remade file reads"
+
+    zoo.load(str(tiny_checkpoint)).dynamic_stats(p, cache=False)
+    assert len(calls) == 2, "cache=False collects anew"
+
+    other = zoo.load(str(tiny_checkpoint))
+    with torch.no_grad():
+        next(other.lm.parameters()).add_(0.1)
+    other.dynamic_stats(p)
+    assert len(calls) == 3 and len(list(files[0].parent.glob("*.safetensors"))) == 2, "other weights, other file"
+    other.dynamic_stats(DynamicParams(**{**SMALL, "stats_tokens": 300}))
+    assert len(calls) == 4, "other settings, other file"
+
+
 def test_model_statistics_refuse_a_corpus_of_another_vocabulary(tiny_checkpoint, tmp_path, monkeypatch):
     import zoo
 

@@ -504,7 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = model_cmd("score", "score text: perplexity, bits per char, per-token log-probabilities")
     sp.add_argument("input", nargs="?", help="a UTF-8 file, or - for standard input")
     sp.add_argument("--text", action="append", help="text to score (repeatable: one result per text)")
-    sp.add_argument("--per-line", action="store_true", help="score each non-empty line of the input separately")
+    sp.add_argument("--per-line", action="store_true",
+                    help="score each line of the input separately (with --json each object has its \"line\" "
+                    "number; a blank line gives {\"line\": N, \"skipped\": \"blank\"})")
     sp.add_argument("--tokens", action="store_true", help="include per-token log-probabilities")
     sp.add_argument("--json", action="store_true", help="one JSON object per text")
     sp.add_argument("--batch-size", type=int, default=16, help="texts scored in parallel (default 16; the scores agree "

@@ -37,7 +37,9 @@ says from what). A model tuned on its own validation split carries its chosen se
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -47,6 +49,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from zoo.errors import ConfigError
+from zoo.files import write_atomic
 
 #: The update rules of :class:`DynamicParams` (see the module docstring).
 RULES = ("sgd", "rms")
@@ -150,6 +153,32 @@ class GradStats:
         if len(self.rms) != len(params_list) or any(r.shape != p.shape for r, p in zip(self.rms, params_list,
                                                                                            strict=True)):
             raise ConfigError("gradient statistics do not match this model's parameters")
+
+
+def save_stats(stats: GradStats, path: str | os.PathLike) -> None:
+    """Write ``stats`` to ``path`` atomically as safetensors (``rms.0`` ... in parameter order; the token count and
+    key as metadata): :meth:`zoo.pretrained.ZooModel.dynamic_stats` keeps them on disk, since collecting them
+    takes about a minute of CPU for the bundled models and every ``zoo ... --dynamic`` command is a new process."""
+    from safetensors.torch import save
+
+    write_atomic(path, save({f"rms.{i}": r.contiguous() for i, r in enumerate(stats.rms)},
+                            metadata={"num_tokens": str(stats.num_tokens), "key": json.dumps(list(stats.key))}))
+
+
+def load_stats(path: str | os.PathLike, params_list: list[torch.nn.Parameter]) -> GradStats:
+    """Statistics written by :func:`save_stats`, checked against the model's parameters (names, count, shapes):
+    a :class:`ConfigError` when they do not match; safetensors' or json's own error when the file is not such a
+    file. Nothing is unpickled."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta, names = f.metadata() or {}, set(f.keys())
+        if names != {f"rms.{i}" for i in range(len(names))}:
+            raise ConfigError(f"{path}: not a gradient statistics file (tensor names)")
+        rms = tuple(f.get_tensor(f"rms.{i}") for i in range(len(names)))
+    stats = GradStats(rms, int(meta["num_tokens"]), tuple(json.loads(meta["key"])))
+    stats.check(params_list)
+    return stats
 
 
 def gradient_stats(lm: torch.nn.Module, train: Tensor, params: DynamicParams = DEFAULTS,

@@ -15,6 +15,14 @@ import tempfile
 from pathlib import Path
 
 
+def cache_home() -> Path:
+    """The zoo's cache of things remade on demand (exports made on first use, dynamic evaluation's gradient
+    statistics): ``$ZOO_CACHE_DIR``, else ``$XDG_CACHE_HOME/alstm-zoo`` (``~/.cache/alstm-zoo``). Deleting it costs
+    only time."""
+    env = os.environ.get("ZOO_CACHE_DIR")
+    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alstm-zoo"
+
+
 def write_atomic(path: Path | str, data: str | bytes, *, fsync: bool = False) -> Path:
     """Write ``data`` (text is UTF-8) to ``path`` atomically. ``fsync`` flushes the bytes and then the folder's
     entry to disk: for files that must survive a power cut (checkpoints), not for reports that can be remade."""

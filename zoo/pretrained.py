@@ -21,8 +21,9 @@ from zoo.catalog import bundled_dir, canonical_name, catalog, catalog_path, reso
 from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import load_corpus, resolve_data_dir, sentences
 from zoo.dynamic import DEFAULTS as DYNAMIC_DEFAULTS
-from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs, gradient_stats
+from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs, gradient_stats, load_stats, save_stats
 from zoo.errors import CheckpointError, ConfigError, ModelNotFoundError, WrongType  # noqa: F401 (re-exported)
+from zoo.files import cache_home
 from zoo.generation import SamplingParams, sample_ids, stream_text
 from zoo.lm import LanguageModel
 from zoo.precision import AutocastRunner
@@ -155,12 +156,18 @@ class ZooModel:
         return self.dynamic_defaults
 
     def dynamic_stats(self, params: DynamicParams = DYNAMIC_DEFAULTS, data_dir: str | os.PathLike | None = None,
-                      progress: bool = False) -> GradStats | None:
+                      progress: bool = False, cache: bool = True) -> GradStats | None:
         """The gradient statistics the RMS rule of dynamic evaluation needs (:func:`zoo.dynamic.gradient_stats`),
-        from this model's *own training split* (its config's dataset; the text being scored never enters them),
-        computed on first use and cached on this object for these weights, this data folder and
-        ``params.stats_key()`` (a change of the weights, e.g. fine-tuning, recomputes them). ``None`` when ``params``
-        needs none (``rule="sgd"``)."""
+        from this model's *own training split* (its config's dataset; the text being scored never enters them).
+        ``None`` when ``params`` needs none (``rule="sgd"``).
+
+        Collecting them costs about a minute of CPU for the bundled models, and each ``zoo ... --dynamic`` command
+        is a new process, so they are kept twice: on this object, and (``cache``) on disk under
+        :func:`zoo.files.cache_home` ``/dynamic-stats/``, named by a digest of the weights' bytes, the tokens they
+        are collected from and ``params.stats_key()``: other weights (fine-tuning) or another training text never
+        find them. A file that does not load or does not fit is recomputed and replaced; a cache that cannot be
+        written is skipped. ``cache=False`` neither reads nor writes the disk (what a timing of the collection
+        needs)."""
         if not params.needs_stats:
             return None
         key = (params.stats_key(), str(resolve_data_dir(data_dir)), _weights_fingerprint(self.lm))
@@ -173,8 +180,32 @@ class ZooModel:
             if corpus.vocab != self.tokenizer.vocab:
                 raise ConfigError(f"dynamic evaluation with rule 'rms' needs the model's training split: the "
                                  f"{dataset} vocabulary does not match the model's (use rule='sgd')")
-            self._dynamic_stats = {key: gradient_stats(self.lm, corpus.train, params, progress=progress)}
+            self._dynamic_stats = {key: self._stats_from_cache_or_train(corpus.train, params, key[2], progress,
+                                                                        cache)}
         return self._dynamic_stats[key]
+
+    def _stats_from_cache_or_train(self, train: torch.Tensor, params: DynamicParams, weights: str, progress: bool,
+                                   cache: bool) -> GradStats:
+        """:meth:`dynamic_stats`' disk cache around :func:`zoo.dynamic.gradient_stats`."""
+        if not cache:
+            return gradient_stats(self.lm, train, params, progress=progress)
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(f"{weights} {params.stats_key()} ".encode())
+        digest.update(train[:params.stats_tokens].numpy().tobytes())
+        path = cache_home() / "dynamic-stats" / f"{digest.hexdigest()}.safetensors"
+        trainable = [p for p in self.lm.parameters() if p.requires_grad]
+        if path.is_file():
+            try:
+                return load_stats(path, trainable)
+            except Exception:  # noqa: BLE001 (a torn or foreign file: remade below, never trusted)
+                pass
+        stats = gradient_stats(self.lm, train, params, progress=progress)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_stats(stats, path)
+        except OSError:
+            pass  # (a read-only cache costs time, not the answer)
+        return stats
 
     def stream(self, prompt: str = "", **sampling: Any) -> Iterator[str]:
         """Yield generated text piece by piece (keywords of :class:`SamplingParams`)."""

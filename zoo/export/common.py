@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.files import write_atomic
+from zoo.files import cache_home, write_atomic
 from zoo.lm import LanguageModel
 
 #: Bumped when the layout or the I/O contract of the exported files changes.
@@ -39,10 +39,8 @@ def exports_root() -> Path:
 
 
 def cache_root() -> Path:
-    """Cache of lazily created exports, keyed by checkpoint hash (``$ZOO_CACHE_DIR`` or ``~/.cache/alstm-zoo``)."""
-    env = os.environ.get("ZOO_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "alstm-zoo"
-    return base / "exports"
+    """Cache of lazily created exports, keyed by checkpoint hash (:func:`zoo.files.cache_home`/exports)."""
+    return cache_home() / "exports"
 
 
 class StepModule(nn.Module):
