@@ -161,7 +161,7 @@ def save_stats(stats: GradStats, path: str | os.PathLike) -> None:
     takes about a minute of CPU for the bundled models and every ``zoo ... --dynamic`` command is a new process."""
     from safetensors.torch import save
 
-    write_atomic(path, save({f"rms.{i}": r.contiguous() for i, r in enumerate(stats.rms)},
+    write_atomic(path, save({f"rms.{i}": r.detach().cpu().contiguous() for i, r in enumerate(stats.rms)},
                             metadata={"num_tokens": str(stats.num_tokens), "key": json.dumps(list(stats.key))}))
 
 
