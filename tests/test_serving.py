@@ -593,7 +593,8 @@ def test_workflow_api_cannot_register_code(server, tmp_path):
 
 def test_wrong_methods_are_refused(server):
     """GET/DELETE/PUT/PATCH on a predictions URL never run as a scoring request (TorchServe alone ran them as
-    inference): the front door answers 405 with Allow: POST, even with a body; other paths are 404."""
+    inference): the front door answers 405 with Allow: POST, even with a body; /ping takes GET and HEAD only (its
+    405 says so); other paths are 404."""
     pid = server.workers()[0]["pid"]
     headers = {"Authorization": f"Bearer {server.key}"}
     for method in ("GET", "DELETE", "PUT", "PATCH", "OPTIONS"):
@@ -603,7 +604,10 @@ def test_wrong_methods_are_refused(server):
     for path in ("/api-description", "/v1/models/default:predict", "/explanations/default", "/metrics"):
         r = server.http.post(server.inference + path, headers=headers, data=b"{}", timeout=HTTP_TIMEOUT)
         assert r.status_code == 404 and r.json()["type"] == "NotFound", (path, r.status_code, r.text)
-    assert server.http.post(server.inference + "/ping", headers=headers, timeout=HTTP_TIMEOUT).status_code == 405
+    for method in ("POST", "DELETE", "PUT"):
+        r = server.http.request(method, server.inference + "/ping", headers=headers, timeout=HTTP_TIMEOUT)
+        assert r.status_code == 405 and r.headers["Allow"] == "GET, HEAD", (method, r.status_code, r.headers)
+        assert r.json()["type"] == "MethodNotAllowed"
     assert server.workers()[0]["pid"] == pid
 
 
