@@ -78,19 +78,17 @@ def eval_results(ev: dict[str, Any], dynamic: dict[str, Any] | None = None) -> l
     out = []
     for split_key, split_name in (("valid", "validation"), ("test", "test")):
         res = rel.get(split_key, ev[split_key])
-        metrics = [("perplexity", "Perplexity", res["ppl"])]
+        metrics = [("perplexity", "Perplexity", res["ppl"], None, None)]
         if ds.char_level:
-            metrics.append(("bpc", "Bits per character", res["bits_per_token"]))
-        for mtype, mname, value in metrics:
-            out.append(EvalResult(task_type=TASK_TYPE, task_name=TASK_NAME, dataset_type=ds.hub_id,
-                                  dataset_name=title, dataset_config=ds.hub_config, dataset_split=split_name,
-                                  metric_type=mtype, metric_name=mname, metric_value=value))
+            metrics.append(("bpc", "Bits per character", res["bits_per_token"], None, None))
         if dynamic:
+            metrics.append(("perplexity", "Perplexity, dynamic evaluation", dynamic["dynamic"][split_key]["ppl"],
+                            DYNAMIC_METRIC_CONFIG, dict(dynamic["chosen"])))
+        for mtype, mname, value, mconfig, margs in metrics:
             out.append(EvalResult(task_type=TASK_TYPE, task_name=TASK_NAME, dataset_type=ds.hub_id,
                                   dataset_name=title, dataset_config=ds.hub_config, dataset_split=split_name,
-                                  metric_type="perplexity", metric_name="Perplexity, dynamic evaluation",
-                                  metric_value=dynamic["dynamic"][split_key]["ppl"],
-                                  metric_config=DYNAMIC_METRIC_CONFIG, metric_args=dict(dynamic["chosen"])))
+                                  metric_type=mtype, metric_name=mname, metric_value=value, metric_config=mconfig,
+                                  metric_args=margs))
     return out
 
 
