@@ -284,6 +284,38 @@ def test_a_rebundle_whose_catalogue_write_fails_leaves_the_old_folder_and_entry(
     assert json.loads((pkg / "catalog.json").read_text())["models"]["m"]["revision"] == "v9"
 
 
+def test_the_bundled_zoo_stays_under_its_cap():
+    """The issue's limit on what a clone carries: the package's bundled models, counted on disk (every file,
+    cards and figures too), are under 200 MB, and the catalogue's file sizes add up to the same bytes."""
+    from zoo.tools.bundle import MAX_BUNDLE_BYTES, bundled_bytes
+
+    pretrained = Path(zoo.__file__).parent / "pretrained"
+    total = bundled_bytes(pretrained)
+    assert 0 < total <= MAX_BUNDLE_BYTES == 200_000_000
+    cat = json.loads(CATALOG_FILE.read_text())
+    assert total == sum(r["size"] for m in cat["models"].values() for r in m["files"].values())
+
+
+def test_a_bundle_over_the_cap_is_refused_and_changes_nothing(tiny_run_dir, tmp_path, monkeypatch):
+    """A model that would take the zoo over its cap is refused with a one-line error naming the total and the
+    way out (retire one); a rebundle of a model counts its new files instead of its old ones."""
+    import zoo.tools.bundle as bundle_mod
+
+    pkg = tmp_path / "pkg"
+    bundle_into(pkg, tiny_run_dir, "m")
+    one = bundle_mod.bundled_bytes(pkg / "pretrained")
+    catalog = (pkg / "catalog.json").read_bytes()
+    monkeypatch.setattr(bundle_mod, "MAX_BUNDLE_BYTES", one + one // 2)
+    bundle_into(pkg, tiny_run_dir, "m", revision="v2")  # replaces m: still one model's bytes
+    catalog = (pkg / "catalog.json").read_bytes()
+    with pytest.raises(BundleError, match=r"the bundled zoo would be [0-9.]+ MB with m2, over its 0 MB cap: "
+                                          r"retire a model first") as e:
+        bundle_into(pkg, tiny_run_dir, "m2")
+    assert "\n" not in str(e.value)
+    assert (pkg / "catalog.json").read_bytes() == catalog
+    assert sorted(p.name for p in (pkg / "pretrained").iterdir()) == ["m"]  # no m2, no staging folder left
+
+
 def test_retire_keeps_the_run_as_a_record_and_refuses_the_default(tiny_run_dir, tmp_path, capsys, monkeypatch):
     """A model a longer tier supersedes leaves the zoo (folder, catalogue entry, card, figure) and its evaluation
     files become a "trained here, not bundled" record; the default model and unknown names are refused."""

@@ -36,6 +36,8 @@ RELEASE_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,95}$")
 FIGURE_SUFFIXES = {".png", ".jpg", ".jpeg", ".svg"}
 DEFAULT_ORG = "alstm-zoo"
+# The zoo's weights ship inside the repository (and the sdist): a clone stays a download, not a dataset.
+MAX_BUNDLE_BYTES = 200_000_000
 
 
 class BundleError(ConfigError):
@@ -50,6 +52,13 @@ def file_records(directory: Path) -> dict[str, dict[str, Any]]:
         if p.is_file() and not is_leftover(p):
             out[p.relative_to(directory).as_posix()] = {"sha256": sha256_file(p), "size": p.stat().st_size}
     return out
+
+
+def bundled_bytes(pretrained_dir: Path, *, without: str | None = None) -> int:
+    """Bytes of every bundled model's files under ``pretrained_dir`` (but ``without``'s, which a rebundle
+    replaces, and a staging or leftover folder, whose name starts with a dot)."""
+    return sum(p.stat().st_size for d in pretrained_dir.iterdir() if d.is_dir() and not d.name.startswith(".")
+               and d.name != without for p in d.rglob("*") if p.is_file())
 
 
 def default_cards_dir() -> Path:
@@ -261,6 +270,10 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
                           comparisons=tier_reports(cards, ev["name"]), dynamic=dynamic)
         (stage / CARD_FILE).write_text(card, encoding="utf-8")
         files = file_records(stage)
+        total = bundled_bytes(target_root, without=name) + sum(r["size"] for r in files.values())
+        if total > MAX_BUNDLE_BYTES:
+            raise BundleError(f"the bundled zoo would be {total / 1e6:.1f} MB with {name}, over its "
+                              f"{MAX_BUNDLE_BYTES / 1e6:.0f} MB cap: retire a model first (zoo bundle --retire NAME)")
         rel = ev.get("release") or {}
         entry = {
             "architecture": ev["architecture"], "dataset": ev["dataset"],
