@@ -375,6 +375,9 @@ def test_bundled_models_carry_their_measured_settings():
         if name in runs:
             assert config["dynamic_eval"] == runs[name]["chosen"], name
             assert f"test perplexity {runs[name]['dynamic']['test']['ppl']:.2f}" in card, name
+            # each dynamic number beside the static one of the same protocol (batch 1), not the card's batch-10 one
+            assert (f"validation {runs[name]['dynamic']['valid']['ppl']:.2f} against "
+                    f"{runs[name]['static']['valid']['ppl']:.2f} (batch 1 too") in card, name
             assert f"`zoo eval {name} --dataset {config['dataset']} --split test --dynamic`" in card, name
             index = card_metrics(card)
             for split in ("valid", "test"):

@@ -391,7 +391,9 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
             f"\n\nDynamic evaluation (the weights adapt to the text as it is scored, each segment scored before the "
             f"step that uses it; `zoo/dynamic.py`): test perplexity {d['test']['ppl']:.2f} against "
             f"{dynamic['static']['test']['ppl']:.2f} static in the same run (batch 1), validation "
-            f"{d['valid']['ppl']:.2f}. Its settings were chosen on validation only and ship in `config.json` "
+            f"{d['valid']['ppl']:.2f} against {dynamic['static']['valid']['ppl']:.2f} (batch 1 too: the static "
+            f"validation number above is at batch {ev['valid'].get('batch_size')}). Its settings were chosen on "
+            f"validation only and ship in `config.json` "
             f"(`dynamic_eval`: rule `{c['rule']}`, segment {c['segment']}, lr {c['lr']:g}, decay {c['decay']:g}), "
             f"so `zoo eval {name} --dataset {ev['dataset']} --split test --dynamic` uses them (source: "
             f"`benchmarks/results/{dynamic['file']}`).")
