@@ -69,6 +69,16 @@ def test_misshaped_tensor(ckpt):
         load_checkpoint(ckpt)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_weights_are_refused_by_name(ckpt, bad):
+    """A NaN/inf weight loaded, then scored "nan" and crashed sampling; now loading names the tensor."""
+    def poison(t):
+        t["decoder.bias"][3] = bad
+    _rewrite(ckpt, poison)
+    with pytest.raises(CheckpointError, match=r"model.safetensors: tensor 'decoder.bias' has non-finite values"):
+        load_checkpoint(ckpt)
+
+
 def test_truncated_file(ckpt):
     data = (ckpt / "model.safetensors").read_bytes()
     (ckpt / "model.safetensors").write_bytes(data[: len(data) // 2])

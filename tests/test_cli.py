@@ -64,6 +64,12 @@ def test_score_file_per_line_and_stdin(capsys, tiny_checkpoint, tmp_path):
     assert code == 0 and json.loads(out)["num_dropped"] == 0 and json.loads(out)["num_tokens"] == 3, out
     code, _, err = run(capsys, "score", str(tiny_checkpoint), "/dev/zero")  # endless: refused at its first MiB
     assert code == 2 and "/dev/zero looks like binary data" in err and err.count("\n") == 1, err
+    code, _, err = run(capsys, "score", str(tiny_checkpoint), "/dev/urandom")  # endless, few NULs: not UTF-8
+    assert code == 2 and "/dev/urandom: not valid UTF-8 (byte " in err and err.count("\n") == 1, err
+    closed = subprocess.run(["sh", "-c", f'exec "{sys.executable}" -m zoo.cli score "{tiny_checkpoint}" - <&-'],
+                            capture_output=True, cwd=REPO, timeout=120, text=True)
+    assert closed.returncode == 2 and closed.stderr == \
+        "zoo: error: no standard input to read: give --text or a file\n", closed.stderr
     proc = subprocess.run([sys.executable, "-m", "zoo.cli", "score", str(tiny_checkpoint), "-"], input=b"the mat",
                           capture_output=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0 and b"ppl" in proc.stdout
@@ -129,6 +135,10 @@ def test_info(capsys, tiny_checkpoint):
     ([], "zoo: error: the following arguments are required: command (see `zoo --help`)"),
     (["train", "lstm-ptb-zaremba-small", "--device", "foo", "--run-dir", "{missing}"], "--device 'foo' is not a"),
     (["export", "{ckpt}", "--out", "{binary}"], "is a file, not a folder"),
+    (["export", "{ckpt}", "--format", "torchscript", "--out", "{binary}/sub/dir"],
+     "/sub/dir: "),
+    (["score", "{ckpt}", ""], "empty file name: give a file, - for standard input, or --text"),
+    (["score", "{ckpt}", "--text", "x", "--dynamic", "--dynamic-lr", "2"], "lr must be at most 1, got 2"),
     (["score", "{ckpt}", "--text", "a", "--per-line"], "--per-line splits an input file"),
     (["score", "{ckpt}", "--text", "a", "{missing}"], "give either --text or an input file, not both"),
     (["publish", "no-such-model", "--dry-run"], "unknown model 'no-such-model': publish takes a bundled"),

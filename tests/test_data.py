@@ -66,3 +66,25 @@ def test_batchify_is_contiguous_columns():
     assert b.shape == (5, 4) and b[:, 1].tolist() == [5, 6, 7, 8, 9]
     x, y = get_batch(b, 0, 3)
     assert x.shape == (4, 3) and torch.equal(y, x + 1)
+
+
+def test_a_corpus_file_that_is_not_utf8_is_named_with_its_line(tmp_path, capsys):
+    """A corpus byte that is not UTF-8 is a one-line DataError naming the file, line and byte (it was a decoder
+    traceback, exit 1); lines break as a text-mode file's do (\\n, \\r\\n, \\r; not at form feeds)."""
+    from tests.olah_fixture import run_main
+    from zoo.data import read_tokens
+
+    (tmp_path / "ok.txt").write_bytes(b"a b\r\nc\rd\x0ce\n\n")
+    assert read_tokens(tmp_path / "ok.txt") == ["a", "b", "<eos>", "c", "<eos>", "d", "e", "<eos>", "<eos>"]
+    ptb = tmp_path / "data" / "ptb"
+    ptb.mkdir(parents=True)
+    for split in ("train", "test"):
+        (ptb / f"{split}.txt").write_text("the cat\n")
+    (ptb / "valid.txt").write_bytes(b"the cat\nthe \xff dog\n")
+    with pytest.raises(DataError, match=r"ptb/valid\.txt: not valid UTF-8 \(line 2, byte 12\)"):
+        read_tokens(ptb / "valid.txt")
+    code, _, err = run_main(capsys, "eval", "lstm-ptb-zaremba-small", "--split", "valid", "--data-dir",
+                            str(tmp_path / "data"))
+    assert code == 2 and err.count("\n") == 1 and "valid.txt: not valid UTF-8 (line 2, byte 12)" in err
+    with pytest.raises(DataError, match="cannot read"):
+        read_tokens(tmp_path)  # a directory

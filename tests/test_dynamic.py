@@ -147,10 +147,33 @@ def test_adaptation_helps_on_a_text_that_repeats():
 @pytest.mark.parametrize("bad", [dict(segment=0), dict(lr=-1.0), dict(decay=2.0), dict(lr=float("nan")),
                                  dict(rule="adam"), dict(eps=0.0), dict(eps=-1e-3), dict(stats_tokens=0),
                                  dict(stats_batch=2.5), dict(stats_tokens=100), dict(segment=True),
-                                 dict(segment=10_001)])
+                                 dict(segment=10_001), dict(lr=1.5), dict(lr=1e300)])
 def test_bad_parameters_are_clear_errors(bad):
     with pytest.raises(ValueError):
         DynamicParams(**bad)
+
+
+def test_a_step_that_makes_the_weights_non_finite_is_a_clear_error(monkeypatch):
+    """Settings that blow the adapted weights up were a "ppl nan" with exit 0 (or a float overflow traceback):
+    now the first non-finite score stops it, naming the token and the step sizes. (The overflow is injected
+    after the third real update: which settings overflow a given model is not portable.)"""
+    import zoo.dynamic as dynamic
+
+    real, calls = dynamic._step, []
+
+    def overflowing(params_list, *args):
+        real(params_list, *args)
+        calls.append(1)
+        if len(calls) == 3:
+            params_list[0].mul_(float("inf"))
+
+    monkeypatch.setattr(dynamic, "_step", overflowing)
+    lm = tiny_lm("lstm").eval()
+    seq = _seq(60)
+    with pytest.raises(ValueError, match=r"dynamic evaluation diverged at token 15: .*too large for this model "
+                                         r"\(lr 0.5\); try a smaller lr"):
+        dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(lr=0.5, rule="sgd", segment=5))
+    assert all(bool(torch.isfinite(q).all()) for q in lm.parameters()), "the model passed in is untouched"
 
 
 def test_rms_without_or_with_wrong_statistics_is_a_clear_error():
@@ -386,3 +409,19 @@ def test_bundled_models_carry_their_measured_settings():
         else:
             assert "dynamic_eval" not in config, name
             assert not any(":" in key for split in card_metrics(card).values() for key in split), name
+
+
+def test_a_sentence_level_model_refuses_dynamic_evaluation_in_score_and_eval(capsys):
+    """``eval --dynamic`` refused a model trained on single sentences but ``score --dynamic`` ran (stream-mode
+    statistics over its whole training split first): both refuse now, before any work, with the same line."""
+    import zoo
+    from tests.olah_fixture import run_main
+
+    model = zoo.load("pnorm-gru-ptbchar-sent-p1")
+    for call in (lambda: model.score("the cat", dynamic=True), lambda: model.evaluate(split="valid", dynamic=True)):
+        with pytest.raises(ValueError, match="this model was trained on single sentences"):
+            call()
+    for cmd in (["score", "pnorm-gru-ptbchar-sent-p1", "--text", "the cat", "--dynamic"],
+                ["eval", "pnorm-gru-ptbchar-sent-p1", "--split", "valid", "--dynamic"]):
+        code, _, err = run_main(capsys, *cmd)
+        assert code == 2 and err.count("\n") == 1 and "trained on single sentences" in err, cmd

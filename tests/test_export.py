@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -272,6 +273,48 @@ def test_lazy_export_into_cache_is_reused_and_stale_exports_ignored(checkpoint, 
     assert (second.runner.directory / "model.pt").stat().st_mtime_ns == stamp
     assert second.score(TEXTS[0])[0]["ppl"] == pytest.approx(zoo.load(checkpoint).score(TEXTS[0])[0]["ppl"],
                                                              rel=1e-5)
+
+
+@pytest.mark.parametrize(("backend", "fname"), [("torchscript", "model.pt"), ("onnx", SEQUENCE_FILE)])
+def test_a_damaged_export_is_made_again_in_the_cache_and_named_elsewhere(checkpoint, cli_export, monkeypatch,
+                                                                          tmp_path, capsys, backend, fname):
+    """A torn file whose manifest still reads was a runtime's traceback (a zip or protobuf error, exit 1): in the
+    zoo's own cache it is exported again, in a folder the user made it is a one-line error naming it (exit 2),
+    and a cache that cannot be written says so and names ZOO_CACHE_DIR."""
+    from zoo.errors import BackendError
+
+    monkeypatch.setenv("ZOO_EXPORTS_DIR", str(tmp_path / "root"))
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    eager = zoo.load(checkpoint).score(TEXTS[0])[0]["ppl"]
+    cached = zoo.load(checkpoint, backend=backend).runner.directory
+    assert cached.is_relative_to(tmp_path / "cache")
+    (cached / fname).write_bytes((cached / fname).read_bytes()[:200])
+    capsys.readouterr()
+    again = zoo.load(checkpoint, backend=backend)
+    warned = capsys.readouterr().err
+    assert "the " + backend + " export does not load" in warned and "; exporting again" in warned
+    assert again.runner.directory == cached and again.score(TEXTS[0])[0]["ppl"] == pytest.approx(eager, rel=1e-5)
+
+    mine = tmp_path / "root" / "tiny-alstm" / _fmt(backend)
+    shutil.copytree(cli_export / "tiny-alstm" / _fmt(backend), mine)
+    (mine / fname).write_bytes((mine / fname).read_bytes()[:200])
+    with pytest.raises(BackendError, match=rf"{mine}: the {backend} export does not load \(.*\); delete it or "
+                                           r"run `zoo export` again") as e:
+        zoo.load(checkpoint, backend=backend)
+    assert "\n" not in str(e.value)
+    code = main(["score", str(checkpoint), "--backend", backend, "--text", TEXTS[0]])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "does not load" in err
+    shutil.rmtree(mine)
+
+    (tmp_path / "not-a-folder").write_text("x")
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "not-a-folder"))
+    with pytest.raises(BackendError, match="cannot write the export cache .*not-a-folder.*set ZOO_CACHE_DIR"):
+        zoo.load(checkpoint, backend=backend)
+
+
+def _fmt(backend: str) -> str:
+    return "onnx" if backend.startswith("onnx") else backend
 
 
 def test_cli_backend_flag(checkpoint, cli_export, monkeypatch, capsys):

@@ -276,6 +276,16 @@ def test_resolution_order(env, pkg, monkeypatch):
     (snap.parent.parent / "refs" / "v1.0").write_text("ab" * 20)
     assert hub.resolve("tiny-zoo") == (snap, "hub cache")
     assert hub.resolve("tiny-zoo", source="bundled") == (local, "bundled")
+    # a folder in the working directory named like a catalogue model, but no checkpoint, does not hide the model
+    # (`zoo export NAME --out NAME` makes one); as a path, or for a name outside the catalogue, it is refused
+    monkeypatch.chdir(pkg)
+    (pkg / "tiny-zoo").mkdir()
+    (pkg / "nope").mkdir()
+    assert hub.resolve("tiny-zoo", source="bundled") == (local, "bundled")
+    with pytest.raises(zoo.pretrained.ModelNotFoundError, match="not a checkpoint directory"):
+        hub.resolve("./tiny-zoo")
+    with pytest.raises(zoo.pretrained.ModelNotFoundError, match="nope: not a checkpoint directory"):
+        hub.resolve("nope")
     with pytest.raises(ValueError, match="source must be one of"):
         hub.resolve("tiny-zoo", source="ftp")
 

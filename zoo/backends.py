@@ -288,10 +288,14 @@ def ensure_export(model: Any, backend: str) -> Path:
         if _usable(directory, backend, sha256, model.lm.config, verify_files=verify):
             return directory
     target = cache_root() / sha256 / _format_of(backend)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError as e:
+        raise BackendError(f"cannot write the export cache {cache_root()} ({e.strerror or e}): set ZOO_CACHE_DIR to "
+                           "a writable folder") from None
     print(f"zoo: exporting {getattr(model, 'name', 'model')} to {_format_of(backend)} (first use; cached in "
           f"{target})", file=sys.stderr, flush=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         spec.export(model, tmp, sha256)
         if _usable(target, backend, sha256, model.lm.config):  # another process finished first: keep its files
@@ -310,8 +314,33 @@ def make_runner(model: Any, backend: str, directory: str | os.PathLike | None = 
     spec = get_backend(backend)
     if spec.runner is None:
         return model.lm
-    directory = Path(directory) if directory is not None else ensure_export(model, backend)
-    return spec.runner(directory)
+    if directory is not None:
+        return _open_runner(spec, Path(directory))
+    directory = ensure_export(model, backend)
+    try:
+        return _open_runner(spec, directory)
+    except BackendError as e:
+        if not directory.is_relative_to(cache_root()):  # (a folder the user made: theirs to delete)
+            raise
+        # the zoo's own cache (a torn or damaged file whose manifest still reads): made again, once
+        print(f"zoo: warning: {e}; exporting again", file=sys.stderr, flush=True)
+        shutil.rmtree(directory, ignore_errors=True)
+        return _open_runner(spec, ensure_export(model, backend))
+
+
+def _open_runner(spec: BackendSpec, directory: Path) -> Any:
+    """``spec.runner(directory)``, a file that does not load (truncated, damaged) as a one-line BackendError: the
+    runtimes raise their own types (a protobuf parse error, a zip reader error) with multi-line texts."""
+    if spec.requires == "onnxruntime":
+        _onnxruntime()  # (a missing runtime is its own error, not a damaged file)
+    try:
+        return spec.runner(directory)
+    except BackendError:
+        raise
+    except Exception as e:  # noqa: BLE001 (onnxruntime and torch.jit raise many types; all mean "does not load")
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise BackendError(f"{directory}: the {spec.name} export does not load ({first}); delete it or run "
+                           "`zoo export` again") from None
 
 
 def attach_backend(model: Any, backend: str, directory: str | os.PathLike | None = None) -> Any:

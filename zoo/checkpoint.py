@@ -160,6 +160,9 @@ def load_checkpoint(directory: str | os.PathLike) -> tuple[LanguageModel, Tokeni
     for key, ref in expected.items():
         if not stored[key].dtype.is_floating_point and stored[key].dtype != ref.dtype:
             raise CheckpointError(f"{weights}: tensor {key!r} has dtype {stored[key].dtype}, expected {ref.dtype}")
+        # a NaN or inf weight would load and then score "nan" or fail inside sampling: refuse it here, by name
+        if stored[key].dtype.is_floating_point and not bool(torch.isfinite(stored[key]).all()):
+            raise CheckpointError(f"{weights}: tensor {key!r} has non-finite values (NaN or inf)")
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in stored.items()}, strict=False)
     model.eval()
     return model, tokenizer, config

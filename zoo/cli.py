@@ -9,6 +9,7 @@ serve``, ``zoo bundle``, ``zoo publish``) are not part of the library: they are 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import json
 import math
@@ -95,11 +96,18 @@ def _read_bytes(src: str) -> bytes:
     """A file's (``-``: standard input's) bytes. A source whose first MiB is mostly NUL bytes (binary data, or an
     endless one such as /dev/zero) is refused there, not read to the end first; a shorter input, or a stray NUL
     in text, is left to the text check, which names its line."""
+    if src == "-" and sys.stdin is None:  # (started with standard input closed)
+        raise UsageError("no standard input to read: give --text or a file")
     f = sys.stdin.buffer if src == "-" else open(src, "rb")  # noqa: SIM115 (closed below unless stdin)
     try:
         head = f.read(1 << 20)
-        if len(head) == 1 << 20 and head.count(b"\x00") * 20 > len(head):
-            raise UsageError(f"{src} looks like binary data (NUL bytes): give a text file")
+        if len(head) == 1 << 20:  # maybe endless (/dev/zero, /dev/urandom): judge it by its first MiB
+            if head.count(b"\x00") * 20 > len(head):
+                raise UsageError(f"{src} looks like binary data (NUL bytes): give a text file")
+            try:
+                codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+            except UnicodeDecodeError as e:
+                raise UsageError(f"{src}: not valid UTF-8 (byte {e.start})") from None
         return head + f.read()
     finally:
         if f is not sys.stdin.buffer:
@@ -117,8 +125,11 @@ def _read_texts(args: argparse.Namespace) -> list[str]:
         for n, text in enumerate(texts):
             _valid_utf8(text, "--text" if len(texts) == 1 else f"--text #{n + 1}")
     else:
+        if args.input == "":  # (an unset shell variable: not a request to read standard input)
+            raise UsageError("empty file name: give a file, - for standard input, or --text")
         src = args.input or "-"
-        if src == "-" and sys.stdin.isatty():  # (waiting silently on a terminal looks like a hang)
+        # (waiting silently on a terminal looks like a hang)
+        if src == "-" and sys.stdin is not None and sys.stdin.isatty():
             print("zoo: reading the text from the terminal until Ctrl-D (or give --text or a file)", file=sys.stderr)
         try:
             raw = _read_bytes(src)

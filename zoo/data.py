@@ -54,12 +54,28 @@ def corpus_files(dataset: str, data_dir: str | os.PathLike | None = None) -> dic
 
 
 def read_tokens(path: Path) -> list[str]:
-    """Whitespace tokens of a file with one ``<eos>`` appended per line."""
+    """Whitespace tokens of a file with one ``<eos>`` appended per line.
+
+    Read whole (the corpora are megabytes) so that a byte that is not UTF-8 is reported by line and byte offset
+    as a :class:`DataError`, not as a decoder traceback."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}: not valid UTF-8 (line {line}, byte {e.start})") from None
+    # lines as a text-mode file iterates them (universal newlines: \n, \r\n, \r), not str.splitlines(), which
+    # also breaks at form feeds and Unicode separators and would change the corpora's token streams
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines[-1] == "":
+        lines.pop()
     tokens: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            tokens.extend(line.split())
-            tokens.append(EOS)
+    for line in lines:
+        tokens.extend(line.split())
+        tokens.append(EOS)
     return tokens
 
 

@@ -59,6 +59,10 @@ RULES = ("sgd", "rms")
 MAX_SEGMENT = 10_000
 
 
+#: The largest step size accepted: the tuned values are ~1e-5..1e-4 (RMS) and ~1e-2 (SGD).
+MAX_LR = 1.0
+
+
 @dataclass(frozen=True)
 class DynamicParams:
     """Dynamic-evaluation settings.
@@ -94,6 +98,8 @@ class DynamicParams:
             raise ConfigError(f"segment must be at most {MAX_SEGMENT} tokens, got {self.segment}")
         if self.decay > 1:
             raise ConfigError(f"decay must be at most 1, got {self.decay!r}")
+        if self.lr > MAX_LR:
+            raise ConfigError(f"lr must be at most {MAX_LR:g}, got {self.lr!r}")
         if self.rule not in RULES:
             raise ConfigError(f"rule must be one of {', '.join(RULES)}, got {self.rule!r}")
         if self.rule == "rms" and self.eps == 0:
@@ -268,6 +274,10 @@ def dynamic_logprobs(lm: torch.nn.Module, inputs: Tensor, targets: Tensor, param
                 logits, state = lm(x, state)
                 logp = torch.log_softmax(logits[0].float(), dim=-1).gather(1, y[:, None]).squeeze(1)
                 out[start:start + y.numel()] = logp.detach().double().cpu()
+                if adapt and not bool(torch.isfinite(out[start:start + y.numel()]).all()):
+                    raise ConfigError(f"dynamic evaluation diverged at token {start:,}: the adapted weights are no "
+                                      f"longer finite: the steps are too large for this model (lr {params.lr:g}"
+                                      f"{f', eps {params.eps:g}' if params.rule == 'rms' else ''}); try a smaller lr")
                 if not adapt:
                     continue
                 grads = torch.autograd.grad(-logp.mean(), params_list, allow_unused=True)

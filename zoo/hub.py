@@ -341,7 +341,10 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None, source
         if revision is not None:  # (it was ignored)
             raise ConfigError(f"{text} is a local folder: a revision ({revision!r}) applies to Hub models only")
         return path, "local path"
-    if os.sep in text or text.startswith(".") or path.exists():
+    # A bare catalogue name is the catalogue's model even where the working directory holds a file or folder of
+    # that name that is not a checkpoint (`zoo export NAME --out NAME` makes one); a path-like text is a path.
+    is_name = text == "default" or text in catalog().get("models", {})
+    if os.sep in text or text.startswith(".") or (path.exists() and not is_name):
         raise ModelNotFoundError(f"{text}: not a checkpoint directory (it needs {', '.join(CHECKPOINT_FILES)})")
     name = canonical_name(text)
     entry = catalog().get("models", {}).get(name)

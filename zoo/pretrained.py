@@ -147,6 +147,8 @@ class ZooModel:
             return None
         if self.backend != "eager" or self.precision != "fp32":
             raise ConfigError("dynamic evaluation runs on the eager backend in fp32 (it takes gradient steps)")
+        if self.eval_protocol()["mode"] == "sentences":  # (its statistics and its steps assume a carried stream)
+            raise ConfigError("dynamic evaluation scores one stream; this model was trained on single sentences")
         if isinstance(dynamic, DynamicParams):
             return dynamic
         if isinstance(dynamic, Mapping):
@@ -272,8 +274,6 @@ class ZooModel:
         batch_size = batch_size or proto["batch_size"]
         bptt = bptt or proto["bptt"]
         if dyn is not None:
-            if proto["mode"] == "sentences":
-                raise ConfigError("dynamic evaluation scores one stream; this model was trained on single sentences")
             stats = self.dynamic_stats(dyn, data_dir, progress=progress)
             stream = corpus.split(split)
             lp = dynamic_logprobs(self.lm, stream[:-1], stream[1:], dyn, progress=progress,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,18 @@ from zoo.export.common import FORMATS, exports_root
 def _size(path: Path) -> str:
     n = path.stat().st_size
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def _uncreatable(out: Path) -> str | None:
+    """Why the folder ``out`` cannot be made (its nearest existing ancestor is a file, or not writable), or None."""
+    parent = out.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return None
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -31,6 +44,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             return 2
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         print(f"zoo: error: --out {args.out} is a file, not a folder", file=sys.stderr)
+        return 2
+    if args.out and (problem := _uncreatable(Path(args.out))):  # before the model loads and the export runs
+        print(f"zoo: error: cannot create --out {args.out}: {problem}", file=sys.stderr)
         return 2
     kwargs = {"revision": args.revision} if args.revision else {}
     model = zoo.load(args.model, **kwargs)
