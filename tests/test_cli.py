@@ -153,7 +153,7 @@ def test_info(capsys, tiny_checkpoint):
     (["score", "{ckpt}", "--text", "ok", "--text", "a\x01\x02\x03\x04\x05b"], "--text #2 looks like binary"),
     (["score", "{ckpt}", "--text", "ab\udcedc"], "--text is not valid UTF-8 (byte 2)"),  # the byte 0xED
     (["score", "{ckpt}", "--text", "x", "--dynamic-lr", "0.1"], "--dynamic-lr applies only with --dynamic"),
-    (["eval", "{ckpt}", "--dynamic", "--bptt", "5"], "--bptt do not apply with --dynamic"),
+    (["eval", "{ckpt}", "--dynamic", "--bptt", "5"], "--bptt does not apply with --dynamic"),
     (["eval", "{ckpt}", "--dynamic", "--backend", "onnx"], "--dynamic runs on the eager backend in fp32"),
     (["score", "{ckpt}", "--text", "x", "--dynamic", "--dynamic-stats-tokens", "1400"],
      "stats_tokens must be at least 1,420"),

@@ -124,6 +124,18 @@ def test_rejects_bad_types(model):
         model.score("the cat", return_tokens="yes")  # type: ignore[arg-type]
 
 
+def test_load_refuses_what_is_not_a_name_or_path():
+    """zoo.load(None) was os.fspath's TypeError and an unknown keyword named an internal function (resolve())."""
+    import zoo
+    from zoo.errors import WrongType
+
+    for bad in (None, 42, ["default"]):
+        with pytest.raises(WrongType, match="name_or_path must be a catalogue name, a folder path or hf-hub:"):
+            zoo.load(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^load\(\) got an unexpected keyword argument 'foo'"):
+        zoo.load("default", foo=1)  # type: ignore[call-arg]
+
+
 def test_warnings_flag_text_the_model_does_not_know(tiny_checkpoint):
     """A score result carries a warnings list; a text that is mostly <unk> says its perplexity means little."""
     from zoo.pretrained import ZooModel

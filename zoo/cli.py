@@ -396,7 +396,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _dynamic_options(sp: argparse.ArgumentParser) -> None:
-    from zoo.dynamic import DEFAULTS, RULES
+    from zoo.dynamic import DEFAULTS, MAX_LR, RULES
 
     sp.add_argument("--dynamic", action="store_true", help="dynamic evaluation: the weights adapt to the text "
                     "segment by segment, each segment scored before the step that uses it (zoo/dynamic.py), with "
@@ -404,9 +404,10 @@ def _dynamic_options(sp: argparse.ArgumentParser) -> None:
                     "('dynamic_eval'), else the defaults below; a --dynamic-* option changes one")
     # (defaults None: a --dynamic-* option given without --dynamic is refused, not silently ignored)
     sp.add_argument("--dynamic-segment", type=int, help=f"tokens per update (default {DEFAULTS.segment})")
-    sp.add_argument("--dynamic-lr", type=float, help=f"step size (default {DEFAULTS.lr})")
+    sp.add_argument("--dynamic-lr", type=float, help=f"step size, at most {MAX_LR:g} (default {DEFAULTS.lr}; a run "
+                    "whose weights overflow stops with an error)")
     sp.add_argument("--dynamic-decay", type=float,
-                    help=f"decay towards the trained weights (default {DEFAULTS.decay})")
+                    help=f"decay towards the trained weights, at most 1 (default {DEFAULTS.decay})")
     sp.add_argument("--dynamic-rule", choices=RULES,
                     help="update rule: 'rms' divides the step by the RMS of the model's gradients on its training "
                     "split (computed on first use: needs the dataset) and scales the decay by it; 'sgd' is plain "
@@ -435,7 +436,8 @@ def _dynamic(args: argparse.Namespace, stream_flags: tuple[str, ...] = ()):
                          "and --precision")
     fixed = [f for f in stream_flags if getattr(args, f, None) is not None]
     if fixed:
-        raise UsageError(f"{' and '.join('--' + f.replace('_', '-') for f in fixed)} do not apply with --dynamic "
+        raise UsageError(f"{' and '.join('--' + f.replace('_', '-') for f in fixed)} "
+                         f"{'does' if len(fixed) == 1 else 'do'} not apply with --dynamic "
                          "(it scores one stream, batch 1, in --dynamic-segment pieces)")
     try:  # each value checked now; the model's own settings (ZooModel.dynamic_defaults) are what they change
         DEFAULTS.with_changes(given)

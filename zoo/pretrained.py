@@ -304,16 +304,22 @@ def _weights_fingerprint(lm: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def load(name_or_path: str | os.PathLike, backend: str = "eager", precision: str = "fp32", **kwargs: Any) -> ZooModel:
+def load(name_or_path: str | os.PathLike, backend: str = "eager", precision: str = "fp32", *,
+         revision: str | None = None, source: str = "auto", token: str | bool | None = None,
+         cache_dir: str | os.PathLike | None = None, endpoint: str | None = None) -> ZooModel:
     """Load a pretrained model by catalogue name (``zoo list``) or from a checkpoint directory.
 
     ``precision``: ``"fp32"`` (default) or ``"bf16"`` for eager scoring and generation (see
-    :meth:`ZooModel.set_precision`). Other keywords go to :func:`zoo.hub.resolve` (``revision``,
-    ``source="auto"|"hub"|"bundled"``, ``token``, ``cache_dir``, ``endpoint``); ``model.source`` says where the
-    weights came from.
+    :meth:`ZooModel.set_precision`). ``revision``, ``source="auto"|"hub"|"bundled"``, ``token``, ``cache_dir``
+    and ``endpoint`` say where to look (:func:`zoo.hub.resolve`); ``model.source`` says where the weights came
+    from.
     """
     from zoo.hub import HF_PREFIX, parse_hf_spec, pinned_release, resolve
 
+    if not isinstance(name_or_path, str | os.PathLike):
+        raise WrongType(f"name_or_path must be a catalogue name, a folder path or hf-hub:ORG/NAME, got "
+                        f"{type(name_or_path).__name__}")
+    kwargs = {"revision": revision, "source": source, "token": token, "cache_dir": cache_dir, "endpoint": endpoint}
     check_precision(precision)
     if precision != "fp32" and backend != "eager":
         raise ConfigError(f"precision {precision!r} applies to the eager backend only, not {backend!r}")
