@@ -109,7 +109,10 @@ def test_info(capsys, tiny_checkpoint):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["score", "no-such-model", "--text", "x"], "unknown model 'no-such-model'"),
+    (["score", "no-such-model", "--text", "x"], "unknown model 'no-such-model': not a checkpoint directory"),
+    (["score", "alstm-ptb-5m-lon", "--text", "x"],
+     "unknown model 'alstm-ptb-5m-lon': did you mean 'alstm-ptb-5m-long-medium'? It is not"),
+    (["score", "lstm-ptb-zarmba-small", "--text", "x"], "did you mean 'lstm-ptb-zaremba-small'?"),
     (["score", "{ckpt}", "--text", ""], "empty"),
     (["score", "{ckpt}", "{missing}"], "cannot read"),
     (["score", "{ckpt}", "{binary}"], "not valid UTF-8"),

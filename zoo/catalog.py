@@ -10,6 +10,7 @@ registry. Writing the catalogue is checkout tooling (``zoo.tools.bundle``); this
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -100,9 +101,13 @@ class Release:
 
 def unknown_model(name: str) -> ModelNotFoundError:
     models = catalog().get("models", {})
+    # a name cut short (one catalogue name starts with it), else a near spelling
+    close = [m for m in models if m.startswith(name)] if name else []
+    close = close if len(close) == 1 else difflib.get_close_matches(name, list(models), n=1, cutoff=0.8)
     known = ", ".join(sorted(models)) or "none"
-    return ModelNotFoundError(f"unknown model {name!r}: not a checkpoint directory, not in the catalogue "
-                              f"(known: {known}; see `zoo list`) and not an hf-hub:ORG/NAME repo")
+    return ModelNotFoundError(f"unknown model {name!r}: " + (f"did you mean {close[0]!r}? It is " if close else "")
+                              + f"not a checkpoint directory, not in the catalogue (known: {known}; see `zoo list`) "
+                              "and not an hf-hub:ORG/NAME repo")
 
 
 def release(name: str, revision: str | None = None) -> Release:

@@ -489,6 +489,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE
+
     p = OneLineParser(prog="zoo", description="Adaptive-parameterization language models: "
                       "pretrained weights, scoring, generation, training.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -530,11 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = model_cmd("generate", "sample text")
     sp.add_argument("--prompt", default="", help="text to continue (default: start of a new sentence)")
     sp.add_argument("--max-new-tokens", type=int, default=50,
-                    help="tokens to generate (an end of sentence counts as one and prints as a line break)")
+                    help=f"tokens to generate, 0..{MAX_NEW_TOKENS_LIMIT} (default 50; an end of sentence counts "
+                    "as one and prints as a line break)")
     sp.add_argument("--stop-at-eos", action="store_true", help="stop at the first end of sentence instead")
     sp.add_argument("--no-unk", action="store_true", help="never generate <unk>")
     sp.add_argument("--temperature", type=float, default=1.0,
-                    help="0 = greedy; else in [1e-6, 100]: lower is more conservative")
+                    help=f"0 = greedy; else in [1e-6, {MAX_TEMPERATURE:g}]: lower is more conservative (default 1)")
     sp.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = all)")
     sp.add_argument("--top-p", type=float, default=1.0,
                     help="sample among the most likely tokens whose probability reaches p (nucleus; 1 = all)")
