@@ -284,9 +284,9 @@ def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
         if compare not in (None, "", NONE_CHOICE):
             names.append(registry.check(compare))
         results = [_score_one(registry.get(n), text, dynamic) for n in names]
-        for r in results:  # a checkpoint with non-finite weights: its scores mean nothing, and say so
+        for r in results:  # (loading refuses NaN/inf weights; finite ones can still overflow): say so
             if not all(math.isfinite(x) for x in r["surprisal_bits"]):
-                raise gr.Error(f"{r['model']} gives non-finite scores on this text (are its weights finite?).")
+                raise gr.Error(f"{r['model']} gives non-finite scores on this text (its logits overflow).")
         vmax = max(1.0, math.ceil(max(max(r["surprisal_bits"], default=0.0) for r in results)))
         blocks, diff, diff_note = [], None, ""
         for tag, r in zip("AB", results, strict=False):

@@ -180,8 +180,11 @@ def test_evaluating_on_another_corpus_names_the_one_the_model_was_trained_on():
     # options that do not apply are refused, not ignored (the result looked like the options had been used)
     with pytest.raises(ConfigError, match="bptt does not apply to a sentence-level model: each sentence .at most 100"):
         model.evaluate(split="valid", bptt=5)
-    with pytest.raises(ConfigError, match="batch_size and bptt do not apply to dynamic evaluation"):
+    with pytest.raises(ConfigError, match="dynamic evaluation scores one stream; this model was trained on single"):
         model.evaluate(split="valid", batch_size=4, dynamic=True)
+    stream = zoo.load("lstm-ptb-zaremba-small")
+    with pytest.raises(ConfigError, match="batch_size and bptt do not apply to dynamic evaluation"):
+        stream.evaluate(split="valid", batch_size=4, dynamic=True)
 
 
 def test_an_empty_text_is_one_line_end(model):
