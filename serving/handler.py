@@ -17,29 +17,41 @@ Request bodies (decoded here, never by the worker: ``decode_input_request=false`
   refused: it was almost surely meant as JSON).
 
 Every bad input is answered for its own request with HTTP 400 and
-``{"code": 400, "type": "BadRequest", "field": ..., "message": ...}``; the other requests of the
-batch are still served and the worker never dies (anything unforeseen fails its own request with a
-500, never the batch). The score requests of a batch go through one
-``ZooModel.score`` call over all their texts (batched scores equal unbatched ones to float
-tolerance).
+``{"code": 400, "type": "BadRequest", "field": ..., "message": ...}``; a request over the token budget (score:
+its texts' tokens; generate: prompt tokens + ``max_new_tokens``; :class:`zoo.service.Limits`) with 413 before any
+model work; a generation while every generation place is taken with 503 and ``Retry-After``. The other requests
+of the batch are still served and the worker never dies (anything unforeseen fails its own request with a 500,
+never the batch).
 
-Generation never holds scoring up: the archive runs with TorchServe's continuous batching
-(``continuousBatching: true``), so a generation is not computed in one go but advanced a time slice at a
-time (``gen_slice_ms`` of the handler config, shared round-robin by the generations in progress; one token
-each when the call also carries other replies), and the frontend hands the worker the new requests that
-arrived meanwhile together with the generations still running. A score request therefore waits for at most
-one slice of generation, not for whole generations
-(measured by ``benchmarks/serving.py``'s mixed load). Each handler call answers every request of its batch:
-finished ones with their reply (``ts_stream_next: false``), running generations with their next chunk
-(``ts_stream_next: true``): NDJSON lines when streamed, nothing until the whole JSON reply otherwise.
+Fair sharing (:mod:`zoo.scheduler`, where the reasons are written down): every request is a job cut into bounded
+steps (at most ``step_tokens`` tokens: a chunk of a score request's own texts, the state carried exactly as the
+library scores long texts, or one generated token), and each handler call gives every job in progress one step
+per round, score chunks and generation steps alike. Texts of different requests are never padded to each
+other's length, so a request's latency depends on its own size, and a client looping the largest request moves
+another client's latency by a bounded factor (``benchmarks/serving.py``). Generations hold at most
+``max_generations`` of the batch's places (default: half of ``batchSize``); the rest are kept for scoring.
+
+The archive runs with TorchServe's continuous batching (``continuousBatching: true``): a request stays in the
+batch until its reply is complete, and the frontend hands the worker the new requests that arrived meanwhile
+together with the jobs still running. A call that carries new requests runs one round (so they start at once); a
+call that carries nothing but running jobs runs rounds for ``gen_slice_ms`` (fewer calls, same fairness); a call
+that only closes finished replies runs none. Each call answers every request of its batch: finished ones with
+their reply (``ts_stream_next: false``), running ones with their next chunk (``ts_stream_next: true``): NDJSON
+lines for a streamed generation, nothing until the whole JSON reply otherwise.
+
+Three parts, so that another wire format (a dialect) is a new parser and formatter, never a scheduler change:
+parsing a request into a job (:meth:`ZooDialect.parse`), scheduling and running jobs (:class:`zoo.scheduler.
+Scheduler`), formatting a job's progress into bytes (:meth:`ZooDialect.chunk`).
+
+Ready means ready: :meth:`ZooService.initialize` scores a short text and takes one generation step before it
+returns, so TorchServe reports the model READY only once it can answer at full speed (the compiled loops are
+built at install, ``zoo build-ext``; loading them here takes well under a second).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -47,15 +59,18 @@ logger = logging.getLogger(__name__)
 try:
     import torch
 
-    from zoo.errors import InvalidRequest, ZooError
+    from zoo.errors import ServerBusy, ZooError
+    from zoo.generation import SamplingParams
     from zoo.pretrained import ZooModel
+    from zoo.scheduler import STEP_TOKENS, Job, Scheduler
     from zoo.service import (
         GenerateRequest,
         Limits,
+        Request,
         ScoreRequest,
         Service,
         error_body,
-        generate_reply,
+        error_status,
         parse_body,
         to_json,
     )
@@ -65,55 +80,61 @@ except ImportError as e:  # the worker's Python must be the project's environmen
 
 JSON_TYPE = "application/json"
 NDJSON_TYPE = "application/x-ndjson"
-PHRASES = {400: "Bad Request", 500: "Internal Server Error"}
+PHRASES = {400: "Bad Request", 413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 TOKENS_METRIC = "zoo_tokens_scored_total"
+INTERNAL = {"code": 500, "type": "InternalServerError", "message": "{what} failed; see model_log.log"}
+
+
+# -- the wire format: parse a request into a job, format a job's progress into bytes -----------------------------
+class ZooDialect:
+    """The zoo's own request and reply bodies (the module docstring). A front end with another wire format parses
+    into the same requests and formats the same :class:`~zoo.scheduler.Job` s; the scheduler never sees it."""
+
+    def parse(self, raw: Any, content_type: str, limits: Limits) -> Request:
+        return parse_body(raw, content_type, limits)
+
+    def content_type(self, job: Job) -> str:
+        return NDJSON_TYPE if getattr(job.request, "stream", False) else JSON_TYPE
+
+    def error(self, err: Exception | None, what: str = "request") -> dict[str, Any]:
+        """The body of a failed request: the service core's error shape."""
+        if isinstance(err, ZooError):
+            return error_body(err)
+        return {**INTERNAL, "message": INTERNAL["message"].format(what=what)}
+
+    def chunk(self, job: Job, pieces: list[str]) -> bytes:
+        """What this call sends for a job whose status line went out already: a streamed generation its new NDJSON
+        lines (and the closing line when done), anything else nothing until its whole JSON reply (an error after
+        the 200 status line is the error body: the client sees a 200 whose body has ``code`` >= 400)."""
+        if not getattr(job.request, "stream", False):
+            if not job.done:
+                return b""
+            return to_json(job.result if job.error is None else self.error(job.error, job.request.task))
+        body = b"".join(to_json({"text": piece}) + b"\n" for piece in pieces)
+        if job.done:
+            last: dict[str, Any] = {"text": "", "done": True, "num_tokens": len(job.pieces),
+                                    "warnings": list(job.request.warnings)}
+            if job.error is not None:
+                last["error"] = self.error(job.error, job.request.task)
+            body += to_json(last) + b"\n"
+        return body
 
 
 # -- the service ----------------------------------------------------------------------------------------------
-@dataclass
-class Generation:
-    """A generation in progress, kept across handler calls under its TorchServe request id."""
-
-    job: GenerateRequest
-    pieces: Iterator[str]
-    text: list[str] = field(default_factory=list)
-    done: bool = False
-    error: tuple[int, dict[str, Any]] | None = None  # (status, body) when it failed
-
-    def advance(self) -> str | None:
-        """One more token's piece (None once finished or failed; a failure is kept, never raised)."""
-        try:
-            piece = next(self.pieces)
-        except StopIteration:
-            self.done = True
-            return None
-        except ZooError as e:  # the caller's own problem: its 400
-            self.done, self.error = True, (400, error_body(e))
-            return None
-        except Exception:  # a bug, not bad input: this generation alone fails
-            logger.exception("generation failed")
-            self.done, self.error = True, (500, {"code": 500, "type": "InternalServerError",
-                                                 "message": "generation failed; see model_log.log"})
-            return None
-        self.text.append(piece)
-        return piece
-
-
 class ZooService:
-    """Loads the archived checkpoint once per worker and serves batches through :class:`zoo.service.Service`."""
+    """Loads the archived checkpoint once per worker and serves batches through :class:`zoo.scheduler.Scheduler`."""
 
     def __init__(self) -> None:
         self.service: Service | None = None
+        self.scheduler: Scheduler | None = None
+        self.dialect = ZooDialect()
         self.tokens_metric: Any = None
         self.model_name = "model"
-        #: generations in progress, by TorchServe request id (continuous batching)
-        self.running: dict[str, Generation] = {}
         #: requests whose whole reply went out in the previous call, closed by an empty last chunk in this one
         self.closing: set[str] = set()
         #: requests answered with an error (a whole response): TorchServe drops them when their connection closes
         self.dropping: set[str] = set()
-        self._codes: dict[int, int] = {}  # the status of each reply of the current call, by batch index
-        self.gen_slice_s = 0.02
+        self.slice_s = 0.02
 
     @property
     def model(self) -> ZooModel | None:
@@ -124,7 +145,7 @@ class ZooService:
         self.model_name = context.model_name
         cfg = dict((getattr(context, "model_yaml_config", None) or {}).get("handler") or {})
         limits = Limits.from_mapping(cfg)
-        self.gen_slice_s = max(0.0, float(cfg.get("gen_slice_ms", 20))) / 1000
+        self.slice_s = max(0.0, float(cfg.get("gen_slice_ms", 20))) / 1000
         if int(cfg.get("threads", 0)) > 0:
             torch.set_num_threads(int(cfg["threads"]))
         torch.set_flush_denormal(True)
@@ -137,6 +158,10 @@ class ZooService:
 
             attach_backend(model, backend)
         self.service = Service(model, limits)
+        batch = int(context.system_properties.get("batch_size") or 8)
+        gens = int(cfg.get("max_generations") or max(1, batch // 2))
+        self.scheduler = Scheduler(self.service, int(cfg.get("step_tokens") or STEP_TOKENS), gens)
+        self._warm_up()
         try:
             from ts.metrics.metric_type_enum import MetricTypes
 
@@ -144,7 +169,18 @@ class ZooService:
                 TOKENS_METRIC, unit="count", dimension_names=["ModelName"], metric_type=MetricTypes.COUNTER)
         except Exception:  # metrics are an extra; serving must not depend on them
             logger.warning("custom metric %s unavailable", TOKENS_METRIC, exc_info=True)
-        logger.info("zoo handler ready: %r, limits %s", model, limits)
+        logger.info("zoo handler ready: %r, limits %s, %d generation place(s) of %d", model, limits, gens, batch)
+
+    def _warm_up(self) -> None:
+        """One short score and one generation step before TorchServe calls the model ready: the first request
+        then meets loaded weights, loaded compiled loops and warm allocator caches."""
+        assert self.service is not None
+        started = time.perf_counter()
+        reply = self.service.score([ScoreRequest(("the",))])[0]
+        if isinstance(reply, Exception):
+            raise RuntimeError(f"the model cannot score: {reply}")
+        next(iter(self.service.stream(GenerateRequest("the", SamplingParams(max_new_tokens=1, seed=0)))), None)
+        logger.info("warm-up scored and generated in %.0f ms", 1000 * (time.perf_counter() - started))
 
     # Each request of a batch gets its own status, content type and body.
     @staticmethod
@@ -161,159 +197,104 @@ class ZooService:
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """Answer every request of the batch; a failure is confined to its own request (never raised).
 
-        The batch holds new requests and, under continuous batching, the generations still running (their
-        request ids are in :attr:`running`; the frontend sends no body for them again)."""
+        The batch holds new requests and, under continuous batching, the jobs still running (their request ids
+        are the scheduler's keys; the frontend sends no body for them again)."""
+        assert self.scheduler is not None
         started = time.perf_counter()
         n = len(data)
-        out: list[bytes] = [b""] * n
         ids = [str(context.request_ids[i]) for i in range(n)]
         present = set(ids)
-        for rid in set(self.running) - present:  # the frontend dropped it (client gone, timeout): forget it
-            del self.running[rid]
+        self.scheduler.forget(set(self.scheduler.jobs) - present)  # the frontend dropped it (client gone, timeout)
         self.closing &= present
         self.dropping &= present
-        self._codes = {}
-        closing = {i for i in range(n) if ids[i] in self.closing}
-        self.closing -= {ids[i] for i in closing}
-        dropping = {i for i in range(n) if ids[i] in self.dropping}
-        jobs: dict[int, ScoreRequest] = {}
-        gens: dict[int, Generation] = {}
-        fresh: set[int] = set()
-        for i, row in enumerate(data):
-            if i in closing or i in dropping:
-                continue
-            if ids[i] in self.running:
-                gens[i] = self.running[ids[i]]
-                continue
-            try:
-                context.set_response_header(i, "X-Zoo-Batch-Size", str(n))
-                raw = row.get("body", row.get("data")) if isinstance(row, dict) else None
-                job = parse_body(raw, self._content_type(context, i), self.service.limits)
-                if isinstance(job, GenerateRequest):
-                    gens[i] = self.running[ids[i]] = Generation(job, self.service.stream(job))
-                    fresh.add(i)
-                else:
-                    jobs[i] = job
-            except InvalidRequest as e:
-                out[i] = self._reply(context, i, 400, error_body(e))
-            except Exception:  # a bug in parsing: this request alone fails
-                logger.exception("parsing request %d failed", i)
-                out[i] = self._internal_error(context, i, "parsing")
-        if jobs:
-            self._score(list(jobs), jobs, out, context)
-        if gens:
-            # Replies waiting on this call (scores, errors, closing chunks) leave as soon as every generation has
-            # made one step; only a call that carries nothing but generations spends the whole slice on them.
-            urgent = len(gens) < n
-            chunks = self._advance(gens, 0.0 if urgent else self.gen_slice_s)
-            for i, g in gens.items():
-                out[i] = self._generation_chunk(context, i, g, chunks[i], first=i in fresh)
-                if g.done:
-                    self.running.pop(ids[i], None)
-        # Whether each request goes on, for TorchServe (its `ts_stream_next` response header: True = more to come,
-        # False = last chunk, None = no header, a whole response). TorchServe 0.12's frontend (RestJob,
-        # ContinuousBatching) makes three cases of a reply that starts and ends in this call: an error (>= 400)
-        # goes out whole, and the frontend closes that connection, which drops the request from the batch; a
-        # 200 cannot (without the header the request would stay in the batch on its kept-alive connection, and a
-        # lone last chunk loses the status line), so it goes out as an opening chunk and the request is closed
-        # by an empty last chunk in the next call, which the frontend makes at once (no batch delay).
+        out: list[bytes] = [b""] * n
         more: list[bool | None] = [False] * n
+        fresh: set[int] = set()
+        closing = False
+        for i, row in enumerate(data):
+            if ids[i] in self.closing:
+                self.closing.discard(ids[i])  # its empty last chunk (more: False)
+                closing = True
+            elif ids[i] in self.dropping:
+                more[i] = None  # its error went out whole; the frontend drops it once its connection is closed
+            elif ids[i] not in self.scheduler.jobs:
+                fresh.add(i)
+                out[i], more[i] = self._start(context, i, ids[i], row, n)
+        running = [ids[i] for i in range(n) if ids[i] in self.scheduler.jobs]
+        # new requests start at once (one round); a call of running jobs alone runs for the slice; a call that
+        # only closes replies runs none (it costs no model time, and the next call follows at once)
+        if fresh:
+            self.scheduler.run(running, 0.0)
+        elif not closing:
+            self.scheduler.run(running, self.slice_s)
         for i in range(n):
-            if i in closing:
-                continue
-            if i in dropping:  # its error went out whole; the frontend drops it once its connection is closed
-                more[i] = None
-                continue
-            if i in gens and not gens[i].done:
-                more[i] = True
-            elif i in gens and i not in fresh:
-                more[i] = False  # the last chunk of a response already under way
-            elif self._codes.get(i, 200) >= 400:
-                more[i] = None
-                self.dropping.add(ids[i])
-            else:
-                more[i] = True
-                self.closing.add(ids[i])
+            job = self.scheduler.jobs.get(ids[i])
+            if job is not None:
+                out[i], more[i] = self._progress(context, i, ids[i], job, first=i in fresh)
         context.stopping_criteria = [lambda _reply, go_on=go_on: None if go_on is None else not go_on
                                      for go_on in more]
-        logger.debug("batch of %d request(s) (%d generating) served in %.1f ms", n, len(gens),
+        logger.debug("batch of %d request(s) (%d running) served in %.1f ms", n, len(running),
                      1000 * (time.perf_counter() - started))
         return out
 
-    @staticmethod
-    def _advance(gens: dict[int, Generation], budget_s: float) -> dict[int, list[str]]:
-        """Advance the running generations round-robin, one token each per round, for ``budget_s`` seconds
-        (every one gets at least one token per call, so each makes progress whatever the budget)."""
-        chunks: dict[int, list[str]] = {i: [] for i in gens}
-        live = [i for i, g in gens.items() if not g.done]
-        deadline = time.perf_counter() + budget_s
-        while live:
-            for i in live:
-                piece = gens[i].advance()
-                if piece is not None:
-                    chunks[i].append(piece)
-            live = [i for i in live if not gens[i].done]
-            if time.perf_counter() >= deadline:
-                break
-        return chunks
+    def _start(self, context: Any, idx: int, rid: str, row: Any, n: int) -> tuple[bytes, bool | None]:
+        """Parse a new request and admit it as a job: ``(b"", True)``, or its whole error reply and ``None``."""
+        assert self.scheduler is not None and self.service is not None
+        try:
+            context.set_response_header(idx, "X-Zoo-Batch-Size", str(n))
+            raw = row.get("body", row.get("data")) if isinstance(row, dict) else None
+            request = self.dialect.parse(raw, self._content_type(context, idx), self.service.limits)
+            self.scheduler.admit(rid, request)
+            return b"", True
+        except ZooError as e:  # bad input, over the budget, no generation place: its own 4xx/503
+            if isinstance(e, ServerBusy):
+                context.set_response_header(idx, "Retry-After", str(e.retry_after_s))
+            return self._whole(context, idx, rid, error_status(e), self.dialect.error(e)), None
+        except Exception:  # a bug in parsing: this request alone fails
+            logger.exception("parsing request %d failed", idx)
+            return self._whole(context, idx, rid, 500, self.dialect.error(None, "parsing")), None
 
-    def _generation_chunk(self, context: Any, idx: int, gen: Generation, pieces: list[str], first: bool) -> bytes:
-        """What this call sends for one generation: a streamed request gets its new NDJSON lines (and the closing
-        line when done), a plain one nothing until its whole JSON reply. A failure before anything was sent is
-        a normal error reply; after that, a streamed request gets an error line."""
-        job = gen.job
-        if gen.error is not None:
-            if first:  # nothing sent yet: an ordinary error reply
-                return self._reply(context, idx, *gen.error)
-            if not job.stream:  # the status line went out with the first (empty) chunk
-                return to_json(gen.error[1])
-        if not job.stream:
-            if gen.done:
-                return self._reply(context, idx, 200, generate_reply(job, gen.text))
-            if first:
-                context.set_response_content_type(idx, JSON_TYPE)
-            return b""
+    def _progress(self, context: Any, idx: int, rid: str, job: Job, first: bool) -> tuple[bytes, bool | None]:
+        """This call's bytes for a job and whether it goes on (TorchServe's ``ts_stream_next``: True = more to
+        come, False = last chunk, None = no header, a whole response).
+
+        TorchServe 0.12's frontend (RestJob, ContinuousBatching) makes three cases of a reply that starts and ends
+        in one call: an error (>= 400) goes out whole, and the frontend closes that connection, which drops the
+        request from the batch; a 200 cannot (without the header the request would stay in the batch on its
+        kept-alive connection, and a lone last chunk loses the status line), so it goes out as an opening chunk
+        and the request is closed by an empty last chunk in the next call, which the frontend makes at once."""
+        assert self.scheduler is not None
+        pieces = job.take_pieces()
+        if first and job.done and job.error is not None:  # nothing sent yet: an ordinary error reply
+            self.scheduler.forget([rid])
+            return self._whole(context, idx, rid, job.status, self.dialect.error(job.error, job.request.task)), None
         if first:
-            context.set_response_content_type(idx, NDJSON_TYPE)
-        body = b"".join(to_json({"text": piece}) + b"\n" for piece in pieces)
-        if gen.done:
-            last: dict[str, Any] = {"text": "", "done": True, "num_tokens": len(gen.text),
-                                    "warnings": list(job.warnings)}
-            if gen.error is not None:
-                last["error"] = gen.error[1]
-            body += to_json(last) + b"\n"
-        return body
+            context.set_response_content_type(idx, self.dialect.content_type(job))
+        body = self.dialect.chunk(job, pieces)
+        if not job.done:
+            return body, True
+        self.scheduler.forget([rid])
+        self._count(job)
+        if first:  # a whole 200 reply in one call: closed by an empty last chunk in the next
+            self.closing.add(rid)
+            return body, True
+        return body, False
 
-    def _reply(self, context: Any, idx: int, code: int, body: dict[str, Any]) -> bytes:
-        self._codes[idx] = code
-        if code != 200:
-            context.set_response_status(code, PHRASES.get(code, "Error"), idx)  # the reason phrase stays ASCII
+    def _whole(self, context: Any, idx: int, rid: str, code: int, body: dict[str, Any]) -> bytes:
+        """A whole error response (status, JSON body); the frontend drops the request once it is sent."""
+        context.set_response_status(code, PHRASES.get(code, "Error"), idx)  # the reason phrase stays ASCII
         context.set_response_content_type(idx, JSON_TYPE)
+        self.dropping.add(rid)
         return to_json(body)
 
-    def _internal_error(self, context: Any, idx: int, what: str) -> bytes:
-        return self._reply(context, idx, 500, {"code": 500, "type": "InternalServerError",
-                                               "message": f"{what} failed; see model_log.log"})
-
-    def _score(self, ids: list[int], jobs: dict[int, ScoreRequest], out: list[bytes], context: Any) -> None:
-        """All score requests of the batch through the service core (one library call, isolated on failure)."""
-        assert self.service is not None
-        replies = self.service.score([jobs[i] for i in ids])
-        scored = 0
-        for i, reply in zip(ids, replies, strict=True):
-            if isinstance(reply, ZooError):  # the caller's own problem, e.g. over the token limit: its own 400
-                out[i] = self._reply(context, i, 400, error_body(reply))
-                continue
-            if isinstance(reply, Exception):
-                out[i] = self._internal_error(context, i, "scoring")
-                continue
-            scored += reply["corpus"]["num_tokens"]
-            out[i] = self._reply(context, i, 200, reply)
-        if self.tokens_metric is not None and scored:
-            try:
-                self.tokens_metric.add_or_update(scored, [self.model_name])
-            except Exception:
-                logger.warning("could not update %s", TOKENS_METRIC, exc_info=True)
+    def _count(self, job: Job) -> None:
+        """The scored-tokens metric, for a score request answered."""
+        if self.tokens_metric is None or job.generates or job.result is None:
+            return
+        try:
+            self.tokens_metric.add_or_update(job.result["corpus"]["num_tokens"], [self.model_name])
+        except Exception:
+            logger.warning("could not update %s", TOKENS_METRIC, exc_info=True)
 
 
 _service = ZooService()

@@ -41,6 +41,24 @@ class InvalidRequest(ConfigError):
         super().__init__(self.message)
 
 
+class RequestTooLarge(InvalidRequest):
+    """A well-formed request whose work is over the deployment's budget (its tokens once tokenised): HTTP 413, so
+    a client can tell "too much" from "malformed" (the message names the limit and the count)."""
+
+    status = 413
+
+
+class ServerBusy(ZooError):
+    """A valid request the server cannot start now (every slot it keeps for this kind of work is taken): HTTP 503
+    with ``Retry-After``; the same request succeeds later."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
 class UnknownArchitectureError(ConfigError):
     """A config or command named an architecture that is not registered (``zoo.registry``)."""
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from zoo.errors import InvalidRequest
-from zoo.scoring import LOGIT_BUDGET
+from zoo.scoring import LOGIT_BUDGET, Steps, run_steps
 from zoo.tokenizer import UNK, Tokenizer
 from zoo.validate import as_bool, as_float, as_int
 
@@ -76,27 +76,47 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
-@torch.no_grad()
 def read_context(runner, ids: list[int], vocab_size: int) -> tuple[Tensor, ...]:
     """The state after ``ids`` from a zero state. They run through in pieces whose logits (computed and dropped)
     stay within the scoring budget: the state is carried, so this is the whole context's state, without a
     ``[1, T, V]`` tensor for a long prompt."""
-    state = runner.init_state(1)
-    piece = max(1, LOGIT_BUDGET // vocab_size)
-    for start in range(0, len(ids), piece):
-        _, state = runner.forward(torch.tensor([ids[start:start + piece]], dtype=torch.long), state)
-    return state
+    return run_steps(read_context_steps(runner, ids, vocab_size))
 
 
 @torch.no_grad()
+def read_context_steps(runner, ids: list[int], vocab_size: int,
+                       max_tokens: int | None = None) -> Steps[tuple[Tensor, ...]]:
+    """:func:`read_context`, one piece of at most ``max_tokens`` tokens per step (the same state)."""
+    state = runner.init_state(1)
+    piece = max(1, LOGIT_BUDGET // vocab_size)
+    if max_tokens is not None:
+        piece = max(1, min(piece, max_tokens))
+    for start in range(0, len(ids), piece):
+        _, state = runner.forward(torch.tensor([ids[start:start + piece]], dtype=torch.long), state)
+        yield
+    return state
+
+
 def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams) -> Iterator[int]:
     """Yield generated token ids one by one: ``max_new_tokens`` of them, unless ``stop_at_eos`` and ``<eos>``."""
+    return (idx for idx in sample_steps(runner, tokenizer, prompt, params) if idx is not None)
+
+
+@torch.no_grad()
+def sample_steps(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams,
+                 prompt_piece: int | None = None) -> Iterator[int | None]:
+    """:func:`sample_ids`, with a ``None`` after each piece of at most ``prompt_piece`` prompt tokens read: a
+    server interleaves a long prompt with other requests' work instead of reading it in one go."""
     gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
     context = [tokenizer.eos_id] + tokenizer.encode(prompt, add_eos=False).ids
     # a character model's <unk> is spelled as characters (zoo.tokenizer): the ids of that spelling, if it has them
     spelled = [tokenizer.index[ch] for ch in UNK] if tokenizer.is_char and all(ch in tokenizer.index for ch in UNK) \
         else []
-    state = read_context(runner, context[:-1], len(tokenizer))
+    reading = read_context_steps(runner, context[:-1], len(tokenizer), prompt_piece)
+    if prompt_piece is None:
+        state = run_steps(reading)
+    else:
+        state = yield from reading
     token = torch.tensor([context[-1]], dtype=torch.long)
     for _ in range(params.max_new_tokens):
         logits, state = runner.step(token, state)
@@ -119,8 +139,17 @@ def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams
 
 def stream_text(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams) -> Iterator[str]:
     """Yield detokenised pieces; their concatenation is the generated continuation."""
+    return (piece for piece in stream_steps(runner, tokenizer, prompt, params) if piece is not None)
+
+
+def stream_steps(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams,
+                 prompt_piece: int | None = None) -> Iterator[str | None]:
+    """:func:`stream_text` with :func:`sample_steps`' ``None`` after each piece of the prompt read."""
     first, after_newline = True, False
-    for idx in sample_ids(runner, tokenizer, prompt, params):
+    for idx in sample_steps(runner, tokenizer, prompt, params, prompt_piece):
+        if idx is None:
+            yield None
+            continue
         piece = tokenizer.token_text(idx)
         if not tokenizer.is_char and piece != "\n" and not first and not after_newline:
             piece = " " + piece

@@ -24,11 +24,11 @@ from zoo.dynamic import DEFAULTS as DYNAMIC_DEFAULTS
 from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs, gradient_stats, load_stats, save_stats
 from zoo.errors import CheckpointError, ConfigError, ModelNotFoundError, WrongType  # noqa: F401 (re-exported)
 from zoo.files import cache_home
-from zoo.generation import SamplingParams, sample_ids, stream_text
+from zoo.generation import SamplingParams, sample_ids, stream_steps, stream_text
 from zoo.lm import LanguageModel
 from zoo.precision import AutocastRunner
 from zoo.precision import check as check_precision
-from zoo.scoring import ScoreReport, evaluate_sentences, evaluate_stream, score_texts, summarize
+from zoo.scoring import ScoreReport, Steps, evaluate_sentences, evaluate_stream, score_steps, score_texts, summarize
 from zoo.tokenizer import Tokenizer
 from zoo.validate import check_text
 
@@ -139,6 +139,16 @@ class ZooModel:
         return score_texts(self.lm if dyn else self.runner, self.tokenizer, texts, return_tokens=return_tokens,
                            batch_size=batch_size, progress=progress, dynamic=dyn, dynamic_stats=stats)
 
+    def score_steps(self, texts: list[str], return_tokens: bool = False, max_tokens: int | None = None,
+                    batch_size: int = 16, encodings: list[Any] | None = None) -> Steps[ScoreReport]:
+        """:meth:`score` (plain, not dynamic) as steps of at most ``max_tokens`` tokens
+        (:func:`zoo.scoring.score_steps`: the same numbers, the state carried across steps), for a server that shares
+        its time between requests."""
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise WrongType("texts must be a non-empty list of str")
+        return score_steps(self.runner, self.tokenizer, texts, return_tokens=return_tokens, batch_size=batch_size,
+                           max_tokens=max_tokens, encodings=encodings)
+
     def _dynamic(self, dynamic: bool | DynamicParams | Mapping[str, Any]) -> DynamicParams | None:
         """``True``: this model's own settings (:attr:`dynamic_defaults`: those chosen for it on validation, where
         its checkpoint has them, else :data:`zoo.dynamic.DEFAULTS`); a mapping: those settings with some changed
@@ -213,6 +223,13 @@ class ZooModel:
         """Yield generated text piece by piece (keywords of :class:`SamplingParams`)."""
         prompt, params = self._generation_request(prompt, sampling)
         return stream_text(self.runner, self.tokenizer, prompt, params)
+
+    def stream_steps(self, prompt: str, params: SamplingParams,
+                     prompt_piece: int | None = None) -> Iterator[str | None]:
+        """:meth:`stream` for checked parameters, with a ``None`` after each piece of at most ``prompt_piece`` prompt
+        tokens read (:func:`zoo.generation.stream_steps`)."""
+        prompt = self._generation_request(prompt, {})[0]
+        return stream_steps(self.runner, self.tokenizer, prompt, params, prompt_piece)
 
     @staticmethod
     def _generation_request(prompt: Any, sampling: dict[str, Any]) -> tuple[str, SamplingParams]:

@@ -22,8 +22,9 @@ is one; the TorchScript and ONNX Runtime backends are others.
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -33,6 +34,11 @@ from zoo.data import PAD_TARGET, batchify, pad_batch
 from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs
 from zoo.models._fused_loss import logits_target_logprobs
 from zoo.tokenizer import Tokenizer
+
+T = TypeVar("T")
+#: A computation cut into bounded steps: it yields ``None`` after each step and returns its result (a server runs
+#: the steps of several requests in turn, :mod:`zoo.scheduler`; :func:`run_steps` runs them all at once).
+Steps = Generator[None, None, T]
 
 LN2 = math.log(2.0)
 #: Upper bound on logits held at once (floats), which bounds memory for any text length.
@@ -105,13 +111,30 @@ def _chunk_len(batch: int, vocab: int, cap: int = 256) -> int:
     return max(1, min(cap, LOGIT_BUDGET // max(1, batch * vocab)))
 
 
-@torch.no_grad()
+def run_steps(steps: Steps[T]) -> T:
+    """The result of a stepped computation, all its steps run now."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 def token_logprobs(runner: Runner, sequences: list[list[int]], bos_id: int, vocab_size: int) -> list[Tensor]:
     """Log-probability of every token of every sequence (one float64 tensor per sequence).
 
     Sequences are right-padded into one batch; an RNN is causal, so padding after a sequence's end
     cannot change its scores, and batched scores equal one-at-a-time scores to float tolerance.
     """
+    return run_steps(token_logprob_steps(runner, sequences, bos_id, vocab_size))
+
+
+@torch.no_grad()
+def token_logprob_steps(runner: Runner, sequences: list[list[int]], bos_id: int, vocab_size: int,
+                        max_tokens: int | None = None) -> Steps[list[Tensor]]:
+    """:func:`token_logprobs` one chunk of columns per step, the state carried across chunks (the same numbers:
+    this is how a long text is always scored); ``max_tokens`` bounds a step's rows x columns, so a server can
+    interleave one request's long texts with other requests' work."""
     bsz = len(sequences)
     longest = max(len(s) for s in sequences)
     tgt = torch.full((bsz, longest), bos_id, dtype=torch.long)
@@ -121,9 +144,12 @@ def token_logprobs(runner: Runner, sequences: list[list[int]], bos_id: int, voca
     state = runner.init_state(bsz)
     out = torch.empty(bsz, longest, dtype=torch.float64)
     step = _chunk_len(bsz, vocab_size)
+    if max_tokens is not None:
+        step = max(1, min(step, max_tokens // bsz))
     for start in range(0, longest, step):
         logp, state = target_logprobs(runner, inp[:, start:start + step], tgt[:, start:start + step], state)
         out[:, start:start + step] = logp.double().cpu()
+        yield
     return [out[b, : len(seq)] for b, seq in enumerate(sequences)]
 
 
@@ -135,20 +161,41 @@ def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
     is never written), one text at a time; ``runner`` must then be the eager model, and ``dynamic_stats`` its
     gradient statistics when the rule needs them (``rule="rms"``)."""
     encs = [tokenizer.encode(t) for t in texts]
-    logps: list[Tensor | None] = [None] * len(encs)
     if dynamic is not None:
         if not isinstance(runner, torch.nn.Module):
             raise ValueError("dynamic evaluation needs the eager model (backend 'eager', precision fp32)")
-        for i, enc in enumerate(tqdm(encs, desc="scoring", unit="text", disable=not progress or len(encs) < 2)):
+        logps: list[Tensor] = []
+        for enc in tqdm(encs, desc="scoring", unit="text", disable=not progress or len(encs) < 2):
             ids = torch.tensor(enc.ids, dtype=torch.long)
             inputs = torch.cat([ids.new_tensor([tokenizer.eos_id]), ids[:-1]])
-            logps[i] = dynamic_logprobs(runner, inputs, ids, dynamic, stats=dynamic_stats)
-    order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids)) if dynamic is None else []
+            logps.append(dynamic_logprobs(runner, inputs, ids, dynamic, stats=dynamic_stats))
+        return report_of(texts, encs, logps, tokenizer, return_tokens)
+    return run_steps(score_steps(runner, tokenizer, texts, return_tokens=return_tokens, batch_size=batch_size,
+                                 progress=progress, encodings=encs))
+
+
+def score_steps(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, return_tokens: bool = False,
+                batch_size: int = 16, max_tokens: int | None = None, progress: bool = False,
+                encodings: list[Any] | None = None) -> Steps[ScoreReport]:
+    """:func:`score_texts` (without dynamic evaluation) as steps of at most ``max_tokens`` tokens each (rows x
+    columns; None: the memory budget's chunks). Only ``texts`` are batched together (sorted by length, in groups
+    of ``batch_size``), so whoever calls this for one request never pads its texts to another request's.
+    ``encodings``: the texts' :meth:`Tokenizer.encode`, when the caller already has them (a token budget)."""
+    encs = encodings if encodings is not None else [tokenizer.encode(t) for t in texts]
+    logps: list[Tensor | None] = [None] * len(encs)
+    order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for idx in tqdm(batches, desc="scoring", unit="batch", disable=not progress or len(batches) < 2):
-        for i, lp in zip(idx, token_logprobs(runner, [encs[i].ids for i in idx], tokenizer.eos_id,
-                                             len(tokenizer)), strict=True):
+        group = yield from token_logprob_steps(runner, [encs[i].ids for i in idx], tokenizer.eos_id, len(tokenizer),
+                                               max_tokens)
+        for i, lp in zip(idx, group, strict=True):
             logps[i] = lp
+    return report_of(texts, encs, logps, tokenizer, return_tokens)
+
+
+def report_of(texts: list[str], encs: list[Any], logps: list[Tensor | None], tokenizer: Tokenizer,
+              return_tokens: bool) -> ScoreReport:
+    """The report of scored texts, from their encodings and every token's log-probability."""
     results = []
     for text, enc, lp in zip(texts, encs, logps, strict=True):
         assert lp is not None

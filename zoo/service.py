@@ -25,9 +25,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from zoo.errors import InvalidRequest, ZooError
+from zoo.errors import InvalidRequest, RequestTooLarge, ZooError
 from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
-from zoo.scoring import aggregate
+from zoo.scoring import Steps, aggregate
 from zoo.validate import as_bool, as_float, as_int, check_text, json_type, surrogate_position
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,12 @@ SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "s
 class Limits:
     """What one deployment accepts. The defaults are the HTTP server's; the demo narrows them to its sliders.
 
-    ``max_total_tokens``: tokens per score request, counted after tokenisation (the character caps do not bound
-    them: a character model spells a character outside its alphabet as the five symbols of ``<unk>``).
+    ``max_total_tokens``: tokens per score request, and ``max_generate_tokens``: prompt tokens + ``max_new_tokens``
+    per generate request, both counted after tokenisation and checked before any model work (a
+    :class:`~zoo.errors.RequestTooLarge`, HTTP 413). They bound a request's *work*, which the character caps do not
+    (a character model spells a character outside its alphabet as the five symbols of ``<unk>``; one 10,000-character
+    text costs as much as 64 short ones). Sized so that the largest request each allows costs about 2 s of one core
+    on the default model (``benchmarks/request_cost.py`` measures it: ``benchmarks/results/request_cost.json``).
     ``truncate``: cut an over-long text to ``max_chars`` with a warning instead of refusing it. ``allow_dynamic``:
     accept ``"dynamic": true`` (dynamic evaluation, :mod:`zoo.dynamic`: ~8x the time of a plain score and a
     one-time pass over the model's training split); off on the server by default, on in the demo.
@@ -53,7 +57,8 @@ class Limits:
     max_texts: int = 64
     max_chars: int = 10_000
     max_total_chars: int = 100_000
-    max_total_tokens: int = 120_000
+    max_total_tokens: int = 4_096  # the largest allowed score request: 1.9 s of one core (request_cost.json)
+    max_generate_tokens: int = 640  # prompt + max_new_tokens; the largest allowed: 2.1 s (request_cost.json)
     max_prompt_chars: int = 10_000
     max_new_tokens: int = 512
     max_temperature: float = MAX_TEMPERATURE
@@ -83,7 +88,7 @@ class Limits:
 
 #: The command line's limits: the schema's types and ranges, no size caps (the user's own machine).
 CLI_LIMITS = Limits(max_texts=10**9, max_chars=10**12, max_total_chars=10**12, max_prompt_chars=10**12,
-                    max_total_tokens=10**15, max_new_tokens=MAX_NEW_TOKENS_LIMIT)
+                    max_total_tokens=10**15, max_generate_tokens=10**15, max_new_tokens=MAX_NEW_TOKENS_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -267,12 +272,22 @@ def to_json(obj: Any) -> bytes:
         return json.dumps(clean, ensure_ascii=True).encode("ascii")
 
 
+ERROR_TYPES = {400: "BadRequest", 413: "PayloadTooLarge", 503: "ServiceUnavailable"}
+
+
+def error_status(err: ZooError) -> int:
+    """The HTTP status of a caller's error: 413 for a request over the token budget, 503 for one the server cannot
+    start now (:class:`~zoo.errors.ServerBusy`), else 400."""
+    return int(getattr(err, "status", 400))
+
+
 def error_body(err: ZooError) -> dict[str, Any]:
-    """The 400 body of a caller's error: an ``InvalidRequest`` names its field; another ``ZooError`` (e.g. a
-    request the loaded model cannot serve) has ``"field": null``."""
+    """The body of a caller's error (its code is :func:`error_status`): an ``InvalidRequest`` names its field;
+    another ``ZooError`` (e.g. a request the loaded model cannot serve) has ``"field": null``."""
+    code = error_status(err)
     if isinstance(err, InvalidRequest):
-        return {"code": 400, "type": "BadRequest", "field": err.field, "message": err.message}
-    return {"code": 400, "type": "BadRequest", "field": None, "message": str(err)}
+        return {"code": code, "type": ERROR_TYPES[code], "field": err.field, "message": err.message}
+    return {"code": code, "type": ERROR_TYPES[code], "field": None, "message": str(err)}
 
 
 # -- running requests ----------------------------------------------------------------------------------------
@@ -311,28 +326,68 @@ class Service:
         out: list[dict[str, Any] | Exception] = []
         pos = 0
         for r in requests:
-            results = report.texts[pos:pos + len(r.texts)]
+            out.append(self.reply_of(r, report.texts[pos:pos + len(r.texts)]))
             pos += len(r.texts)
-            if not r.return_tokens:
-                results = [{k: v for k, v in res.items() if k != "tokens"} for res in results]
-            out.append({"texts": results, "corpus": corpus_of(results, r.texts, self.model.tokenizer),
-                        "warnings": list(r.warnings)})
         return out
 
-    def _over_token_limit(self, requests: Sequence[ScoreRequest]) -> dict[int, InvalidRequest]:
-        """The requests whose texts tokenise to more than ``max_total_tokens`` (by index), each refused alone."""
-        limit, over = self.limits.max_total_tokens, {}
-        for k, r in enumerate(requests):
-            n = sum(len(self.model.tokenizer.encode(t).ids) for t in r.texts)
+    def reply_of(self, request: ScoreRequest, results: list[dict[str, Any]]) -> dict[str, Any]:
+        """The reply to one score request from its texts' results."""
+        if not request.return_tokens:
+            results = [{k: v for k, v in res.items() if k != "tokens"} for res in results]
+        return {"texts": results, "corpus": corpus_of(results, request.texts, self.model.tokenizer),
+                "warnings": list(request.warnings)}
+
+    def within_budget(self, request: Request) -> list[Any]:
+        """Check ``request``'s tokens against this deployment's budget before any model work (raises
+        :class:`~zoo.errors.RequestTooLarge` naming the limit and the count); returns a score request's
+        encodings, for scoring to reuse (``[]`` for a generate request)."""
+        tok = self.model.tokenizer
+        if isinstance(request, ScoreRequest):
+            encs = [tok.encode(t) for t in request.texts]
+            n, limit = sum(len(e.ids) for e in encs), self.limits.max_total_tokens
             if n > limit:
-                over[k] = InvalidRequest("texts", f"tokenise to {n:,} tokens for this model; the limit is "
-                                                  f"{limit:,} per request")
+                raise RequestTooLarge("texts", f"tokenise to {n:,} tokens for this model; the limit is {limit:,} "
+                                               "per request")
+            return encs
+        prompt = len(tok.encode(request.prompt, add_eos=False).ids)
+        n, limit = prompt + request.sampling.max_new_tokens, self.limits.max_generate_tokens
+        if n > limit:
+            raise RequestTooLarge("prompt", f"of {prompt:,} tokens + max_new_tokens {request.sampling.max_new_tokens:,}"
+                                            f" is {n:,} tokens for this model; the limit is {limit:,} per request")
+        return []
+
+    def score_steps(self, request: ScoreRequest, max_tokens: int,
+                    encodings: list[Any] | None = None) -> Steps[dict[str, Any]]:
+        """One score request's reply, computed in steps of at most ``max_tokens`` tokens (its own texts batched
+        together only; the same numbers as :meth:`score`). Dynamic evaluation, where a deployment enables it, is
+        one step (it takes gradient steps text by text)."""
+        if request.dynamic:
+            reply = self.score([request])[0]
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        report = yield from self.model.score_steps(list(request.texts), return_tokens=request.return_tokens,
+                                                   max_tokens=max_tokens, encodings=encodings)
+        return self.reply_of(request, report.texts)
+
+    def _over_token_limit(self, requests: Sequence[ScoreRequest]) -> dict[int, RequestTooLarge]:
+        """The requests whose texts tokenise to more than ``max_total_tokens`` (by index), each refused alone."""
+        over = {}
+        for k, r in enumerate(requests):
+            try:
+                self.within_budget(r)
+            except RequestTooLarge as e:
+                over[k] = e
         return over
 
     def stream(self, request: GenerateRequest) -> Iterator[str]:
         """The generated pieces (their concatenation is the continuation)."""
         return self.model.stream(request.prompt, **{f.name: getattr(request.sampling, f.name)
                                                     for f in fields(SamplingParams)})
+
+    def stream_steps(self, request: GenerateRequest, max_tokens: int) -> Iterator[str | None]:
+        """:meth:`stream`, with a ``None`` after each piece of at most ``max_tokens`` prompt tokens read."""
+        return self.model.stream_steps(request.prompt, request.sampling, max_tokens)
 
     def generate(self, request: GenerateRequest) -> dict[str, Any]:
         return generate_reply(request, list(self.stream(request)))

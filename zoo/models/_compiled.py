@@ -7,10 +7,13 @@ products stay ATen calls, so the numbers agree with the Python path to float rou
 (``tests/test_fast_paths.py`` checks it).
 
 Building: ``torch.utils.cpp_extension.load`` compiles the source with the system C++ compiler the first
-time it is needed (under a minute per loop) into a cache folder keyed by the source's hash, the flags and
-the torch install (``$ZOO_EXTENSIONS_DIR``, default ``~/.cache/alstm-zoo/extensions``); later processes
-load the built library in well under a second. ``make`` builds the loops at install time
-(``zoo build-ext``), so neither the demo nor the server pays the compile on a request.
+time it is needed (under a minute per loop) into a cache folder keyed by what changes the binary: the source's
+hash, the flags, the torch install, the Python and the compiler (its ``--version``) (``$ZOO_EXTENSIONS_DIR``,
+default ``~/.cache/alstm-zoo/extensions``). Later processes import the built library directly, in well under a
+second, without asking the build tool: torch's ``load`` runs ``ninja`` even when the library exists, and two
+ninja versions (a venv's 1.13, the system's 1.11) each consider the other's build log stale, so every switch
+rebuilt the loop (~27 s), once inside a freshly started server's first request. ``make`` builds the loops at
+install time (``zoo build-ext``), so neither the demo nor the server pays the compile on a request.
 
 Optional by design: without a compiler, or with ``ZOO_NO_EXTENSIONS=1``, everything runs the Python fast
 path (same numbers, slower); :func:`status` says which is in use and why.
@@ -19,9 +22,12 @@ path (same numbers, slower); :func:`status` says which is in use and why.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -80,13 +86,43 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+@functools.cache
+def compiler_id() -> str:
+    """The C++ compiler torch builds with and its ``--version`` (another compiler makes another binary)."""
+    from torch.utils import cpp_extension
+
+    cxx = cpp_extension.get_cxx_compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = "unavailable"
+    return f"{cxx} {version.strip()}"
+
+
 def _build_dir(name: str) -> tuple[Path, str]:
-    """The build folder and module name of ``name``: keyed by the source, the flags and this torch install
-    (its version and location: the build's include paths point into it, so two venvs must not share one)."""
+    """The build folder and module name of ``name``: keyed by what changes the binary: the source, the flags,
+    this torch install (its version and location: the build's include paths point into it, so two venvs must not
+    share one), the Python and the compiler; never the build tool (ninja), which changes nothing in it."""
     src = SOURCES[name]
     key = hashlib.sha256(src.read_bytes() + " ".join(CFLAGS).encode() + torch.__version__.encode()
-                         + str(Path(torch.__file__).resolve()).encode() + sys.version.encode()).hexdigest()[:16]
+                         + str(Path(torch.__file__).resolve()).encode() + sys.version.encode()
+                         + compiler_id().encode()).hexdigest()[:16]
     return cache_dir() / f"{name}-{key}", f"zoo_{name}_{key}"
+
+
+def _import_built(build_dir: Path, module_name: str) -> ModuleType | None:
+    """The already-built library, imported directly (no build tool consulted), or None when there is none or it
+    does not import (a build killed mid-link: then it is rebuilt)."""
+    path = build_dir / f"{module_name}.so"
+    spec = importlib.util.spec_from_file_location(module_name, path) if path.is_file() else None
+    if spec is None or spec.loader is None:
+        return None
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except (ImportError, OSError):
+        return None
+    return mod
 
 
 def _library_mtime(build_dir: Path) -> float | None:
@@ -118,8 +154,9 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
                 print(f"zoo: compiling the C++ extension {name!r} (once; cached in {build_dir})",
                       file=sys.stderr)
             with _build_lock(build_dir):
-                mod = cpp_extension.load(module_name, [str(SOURCES[name])], extra_cflags=CFLAGS,
-                                         build_directory=str(build_dir), verbose=verbose)
+                mod = _import_built(build_dir, module_name) or cpp_extension.load(
+                    module_name, [str(SOURCES[name])], extra_cflags=CFLAGS, build_directory=str(build_dir),
+                    verbose=verbose)
         except Exception as e:  # no compiler, no ninja, a read-only cache dir: fall back, say so once
             _info[name] = {"available": False, "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
             warnings.warn(f"zoo: the compiled {name!r} loop is unavailable ({_info[name]['reason']}); "

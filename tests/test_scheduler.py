@@ -1,0 +1,115 @@
+"""Fair sharing of one model (zoo.scheduler): bounded steps, round-robin, generation places, token budgets.
+
+In-process against a real model (a tiny aLSTM with random, far-from-uniform weights); the same scheduler behind
+the real TorchServe is tested in tests/test_serving.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import tiny_lm, tiny_tokenizer
+from zoo.errors import RequestTooLarge, ServerBusy
+from zoo.pretrained import ZooModel
+from zoo.scheduler import Scheduler
+from zoo.service import Limits, Service, error_body, error_status, parse_request
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+LIMITS = Limits(max_total_tokens=2_000, max_generate_tokens=60, max_new_tokens=40)
+LONG = " ".join(["the cat sat on the mat", "a dog ran", "mr. smith 's cat"] * 60)  # ~780 tokens
+SHORT = "the dog sat on a cat"
+
+
+@pytest.fixture(scope="module")
+def service() -> Service:
+    lm = tiny_lm("alstm").eval()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    return Service(ZooModel(lm, tiny_tokenizer(), {"name": "tiny-random"}), LIMITS)
+
+
+def _finish(sched: Scheduler, keys: list[str]) -> dict[str, int]:
+    """Run rounds until every job is done; the round in which each finished."""
+    finished, rounds = {}, 0
+    while any(not sched.jobs[k].done for k in keys):
+        rounds += 1
+        sched.run(keys, 0.0)
+        for k in keys:
+            if sched.jobs[k].done and k not in finished:
+                finished[k] = rounds
+    return finished
+
+
+def test_scores_in_steps_equal_the_python_api_for_long_and_short_texts_mixed(service):
+    sched = Scheduler(service, step_tokens=16)
+    requests = {"long": parse_request({"texts": [LONG, SHORT, LONG[:300]], "return_tokens": True}, LIMITS),
+                "short": parse_request({"text": SHORT}, LIMITS)}
+    for key, req in requests.items():
+        sched.admit(key, req)
+    _finish(sched, list(requests))
+    for key, req in requests.items():
+        served = sched.jobs[key].result
+        expected = service.model.score(list(req.texts), return_tokens=req.return_tokens)
+        assert served["corpus"]["num_tokens"] == expected.corpus["num_tokens"]
+        assert served["corpus"]["nll"] == pytest.approx(expected.corpus["nll"], rel=1e-5)
+        for got, want in zip(served["texts"], expected.texts, strict=True):
+            assert got["nll"] == pytest.approx(want["nll"], rel=1e-5)
+            if req.return_tokens:
+                assert [t["logprob"] for t in got["tokens"]] == pytest.approx(
+                    [t["logprob"] for t in want["tokens"]], rel=1e-4, abs=1e-5)
+    assert sched.jobs["long"].steps_run > 20  # the long request really was cut into bounded steps
+
+
+def test_a_short_request_finishes_in_a_few_rounds_beside_a_long_one(service):
+    """Round-robin: the short request's rounds do not depend on its neighbour's size."""
+    sched = Scheduler(service, step_tokens=16)
+    sched.admit("long", parse_request({"texts": [LONG] * 2}, LIMITS))
+    sched.run(["long"], 0.0)
+    sched.admit("short", parse_request({"text": SHORT}, LIMITS))
+    finished = _finish(sched, ["long", "short"])
+    assert finished["short"] <= 3 < finished["long"]
+
+
+def test_generation_in_steps_equals_the_python_api(service):
+    sched = Scheduler(service, step_tokens=4)
+    prompt = "the cat sat on the mat a dog ran"  # longer than one step: read in pieces
+    req = parse_request({"task": "generate", "prompt": prompt, "max_new_tokens": 12, "seed": 5}, LIMITS)
+    sched.admit("g", req)
+    sched.admit("s", parse_request({"text": LONG}, LIMITS))
+    _finish(sched, ["g", "s"])
+    job = sched.jobs["g"]
+    assert job.result["text"] == service.model.generate(prompt, max_new_tokens=12, seed=5)
+    assert job.result["num_tokens"] == 12 == len(job.pieces)
+
+
+def test_token_budgets_refuse_before_any_model_work_with_413(service):
+    sched = Scheduler(service)
+    tok = service.model.tokenizer
+    n = sum(len(tok.encode(t).ids) for t in [LONG] * 4)
+    with pytest.raises(RequestTooLarge) as over:
+        sched.admit("big", parse_request({"texts": [LONG] * 4}, LIMITS))
+    assert error_status(over.value) == 413 and error_body(over.value)["code"] == 413
+    assert f"tokenise to {n:,} tokens" in str(over.value) and "limit is 2,000" in str(over.value)
+    prompt = "the cat sat on the mat " * 5
+    with pytest.raises(RequestTooLarge) as gen_over:
+        sched.admit("gen", parse_request({"task": "generate", "prompt": prompt, "max_new_tokens": 40}, LIMITS))
+    p = len(tok.encode(prompt, add_eos=False).ids)
+    assert f"of {p:,} tokens + max_new_tokens 40 is {p + 40:,} tokens" in str(gen_over.value)
+    assert "limit is 60" in str(gen_over.value) and gen_over.value.field == "prompt"
+    assert not sched.jobs  # nothing was started
+
+
+def test_generations_never_take_every_place(service):
+    sched = Scheduler(service, max_generations=2)
+    gen = {"task": "generate", "prompt": "the", "max_new_tokens": 30}
+    sched.admit("a", parse_request(gen, LIMITS))
+    sched.admit("b", parse_request(gen, LIMITS))
+    with pytest.raises(ServerBusy) as busy:
+        sched.admit("c", parse_request(gen, LIMITS))
+    assert error_status(busy.value) == 503 and busy.value.retry_after_s >= 1
+    sched.admit("s", parse_request({"text": SHORT}, LIMITS))  # scoring still gets in
+    _finish(sched, ["a", "b", "s"])
+    sched.forget(["a"])
+    sched.admit("c", parse_request(gen, LIMITS))  # a place freed
