@@ -136,12 +136,33 @@ def server(tmp_path_factory) -> Server:
                 "--max-request-bytes", str(MAX_REQUEST_BYTES), "--timeout", "150", *limits, timeout=200)
     try:
         assert proc.returncode == 0, proc.stderr + proc.stdout
-        yield Server(run_dir, ports, name, source, proc.stdout)
+        srv = Server(run_dir, ports, name, source, proc.stdout)
+        srv.first_and_warm = _first_and_warm(srv)  # before any other request: the first one after start
+        yield srv
     finally:
         stop_server(run_dir)
 
 
+def _first_and_warm(server: Server) -> tuple[float, float]:
+    """Seconds of the first score request after start and the median of the five after it."""
+    times = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        r = server.post({"task": "score", "texts": [TEXTS[1]]})
+        times.append(time.perf_counter() - t0)
+        assert r.status_code == 200, r.text
+    return times[0], sorted(times[1:])[2]
+
+
 # -- start and status -------------------------------------------------------------------------------------------
+def test_ready_means_ready_the_first_request_is_answered_like_a_warm_one(server):
+    """The worker scores and generates once before TorchServe reports READY, and the compiled loops are never
+    rebuilt at serve time: the first request after `zoo serve start` costs what a warm one does (within 2x; it
+    took 26-38 s when a worker rebuilt a C++ loop on its first request)."""
+    first, warm = server.first_and_warm
+    assert first <= 2 * warm + 0.02, f"first request {first * 1000:.0f} ms, warm {warm * 1000:.0f} ms"
+
+
 def test_start_reports_logs_and_key_file(server, capsys):
     out = server.start_output
     assert f"{server.run_dir}/logs" in out and f"{server.run_dir}/key_file.json" in out
@@ -284,6 +305,111 @@ def test_scoring_is_not_held_up_by_running_generations(server):
         assert lines[-1]["done"] and lines[-1]["num_tokens"] == cap
         text = "".join(line["text"] for line in lines)
         assert text == server.model.generate("the", max_new_tokens=cap, stop_at_eos=False, seed=seed)
+
+
+def _p50(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _honest_latencies(server: Server, seconds: float, clients: int = 4) -> tuple[list[float], list[int]]:
+    """``clients`` honest clients each scoring one sentence back to back: their latencies and statuses."""
+    stop_at = time.perf_counter() + seconds
+
+    def honest(k: int) -> tuple[list[float], list[int]]:
+        times, codes, i = [], [], k
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            r = server.post({"task": "score", "texts": [TEXTS[i % len(TEXTS)]]})
+            times.append(time.perf_counter() - t0)
+            codes.append(r.status_code)
+            i += clients
+        return times, codes
+
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(honest, range(clients)))
+    return [t for ts, _ in results for t in ts], [c for _, cs in results for c in cs]
+
+
+def test_a_client_looping_the_largest_request_leaves_honest_clients_served(server):
+    """Fair scheduling: one client loops the largest score request the limits allow (its texts at the character
+    cap, up to the token budget) beside 4 honest clients scoring one sentence each. Before, one such request held
+    the worker for seconds and short texts were padded to its length (honest p50 43 ms -> 22 s); now the honest
+    p50 stays within 3x of theirs alone, every honest request is answered 200, and the hostile client's own
+    replies are still the Python API's numbers."""
+    words = " ".join(TEXTS).split()
+    text = " ".join(words[i % len(words)] for i in range(LIMITS["max_chars"] // 4))[:LIMITS["max_chars"]]
+    tok = server.model.tokenizer
+    n = max(1, min(LIMITS["max_texts"], LIMITS["max_total_tokens"] // len(tok.encode(text).ids),
+                   LIMITS["max_total_chars"] // len(text)))
+    hostile = {"task": "score", "texts": [text] * n}
+    alone, _ = _honest_latencies(server, 4)
+    stop = threading.Event()
+    hostile_replies: list[requests.Response] = []
+
+    def loop() -> None:
+        while not stop.is_set():
+            hostile_replies.append(server.post(hostile))
+
+    looper = threading.Thread(target=loop, daemon=True)
+    looper.start()
+    try:
+        time.sleep(0.5)
+        beside, codes = _honest_latencies(server, 8)
+    finally:
+        stop.set()
+        looper.join(timeout=HTTP_TIMEOUT)
+    assert codes and set(codes) == {200}, sorted(set(codes))
+    ratio = _p50(beside) / _p50(alone)
+    assert ratio <= 3, f"honest p50 {_p50(alone) * 1000:.0f} ms alone, {_p50(beside) * 1000:.0f} ms beside it"
+    assert hostile_replies and all(r.status_code == 200 for r in hostile_replies)
+    _assert_reports_close(hostile_replies[0].json(), server.model.score(hostile["texts"]).to_dict())
+
+
+def test_over_the_token_budget_is_413_naming_the_limit_and_the_count(server):
+    """Token budgets (score: the texts' tokens; generate: prompt + max_new_tokens) are checked before any model
+    work and answered 413 with the limit and the count; the core's error shape, the field named."""
+    tok = server.model.tokenizer
+    texts = ["a\n" * 999] * 3
+    r = server.post({"task": "score", "texts": texts})
+    n = sum(len(tok.encode(t).ids) for t in texts)
+    assert r.status_code == 413, r.text
+    err = r.json()
+    assert err["code"] == 413 and err["type"] == "PayloadTooLarge" and err["field"] == "texts"
+    assert f"{n:,} tokens" in err["message"] and f"{LIMITS['max_total_tokens']:,}" in err["message"]
+    prompt = "a " * 900  # within the character cap (2,000), over the generate budget (640) once tokenised
+    r = server.post({"task": "generate", "prompt": prompt, "max_new_tokens": 10})
+    p = len(tok.encode(prompt, add_eos=False).ids)
+    assert r.status_code == 413, r.text
+    assert r.json()["field"] == "prompt" and f"{p + 10:,} tokens" in r.json()["message"]
+    assert f"{Limits().max_generate_tokens:,}" in r.json()["message"]
+
+
+def test_generations_never_take_every_place(server):
+    """With batch size 8, at most 4 generations run at once: a fifth is answered 503 with Retry-After at once,
+    and a score request sent meanwhile is answered."""
+    gen = {"task": "generate", "prompt": "the", "max_new_tokens": LIMITS["max_new_tokens"], "stop_at_eos": False,
+           "stream": True}
+    opened = threading.Barrier(5)
+
+    def stream(seed: int) -> int:
+        with server.post({**gen, "seed": seed}, stream=True) as r:
+            lines = r.iter_lines(chunk_size=1)
+            if r.status_code == 200:
+                next(lines)
+            opened.wait(timeout=HTTP_TIMEOUT)
+            done = [json.loads(x) for x in lines if x][-1]
+            return r.status_code if done.get("done") else 0
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(stream, seed) for seed in range(4)]
+        opened.wait(timeout=HTTP_TIMEOUT)
+        busy = server.post({**gen, "stream": False})
+        scored = server.post({"task": "score", "texts": [TEXTS[0]]})
+        codes = [f.result() for f in futures]
+    assert codes == [200] * 4
+    assert busy.status_code == 503 and int(busy.headers["Retry-After"]) >= 1
+    assert busy.json()["code"] == 503 and "generation" in busy.json()["message"]
+    assert scored.status_code == 200
 
 
 def test_concurrent_requests_are_batched_with_unbatched_scores(server):

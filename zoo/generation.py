@@ -85,12 +85,12 @@ def read_context(runner, ids: list[int], vocab_size: int) -> tuple[Tensor, ...]:
 
 @torch.no_grad()
 def read_context_steps(runner, ids: list[int], vocab_size: int,
-                       max_tokens: int | None = None) -> Steps[tuple[Tensor, ...]]:
-    """:func:`read_context`, one piece of at most ``max_tokens`` tokens per step (the same state)."""
+                       positions: int | None = None) -> Steps[tuple[Tensor, ...]]:
+    """:func:`read_context`, one piece of at most ``positions`` tokens per step (the same state)."""
     state = runner.init_state(1)
     piece = max(1, LOGIT_BUDGET // vocab_size)
-    if max_tokens is not None:
-        piece = max(1, min(piece, max_tokens))
+    if positions is not None:
+        piece = max(1, min(piece, positions))
     for start in range(0, len(ids), piece):
         _, state = runner.forward(torch.tensor([ids[start:start + piece]], dtype=torch.long), state)
         yield

@@ -1,0 +1,142 @@
+"""What the largest request the server's token budgets allow costs: the figure the defaults are sized by.
+
+:class:`zoo.service.Limits` bounds a score request by its tokens (``max_total_tokens``) and a generate request by
+prompt tokens + ``max_new_tokens`` (``max_generate_tokens``), so that no single valid request holds a worker for
+long (target: about 2 s of one core on the default model). This times, on one thread, through the same service
+core the server runs (:meth:`zoo.service.Service.score_steps` / :meth:`~zoo.service.Service.stream_steps`, the
+scheduler's step size), the costliest requests within the default limits:
+
+* score, one text at the character cap (one row: the costliest tokens, each a sequential step);
+* score, texts at the character cap up to the token budget (few rows);
+* score, ``max_texts`` texts filling the token budget (many rows: the cheapest tokens);
+* generate, a prompt filling the budget beside ``max_new_tokens`` sampled tokens (no early stop).
+
+The figure is CPU time of the process (one torch thread), not wall time: the machine is shared, and a core's
+seconds are what one request takes from everyone else.
+
+    python benchmarks/request_cost.py            # the default model, median of 3 runs
+    python benchmarks/request_cost.py --model alstm-wt2-11m-long-light
+
+Writes benchmarks/results/request_cost.json and .md (the README's benchmark section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import zoo
+from zoo.data import corpus_files
+from zoo.scheduler import STEP_POSITIONS
+from zoo.scoring import run_steps
+from zoo.service import GenerateRequest, Limits, Service, parse_request
+from zoo.tools.readme import write_result
+
+
+def words_of_test_split() -> list[str]:
+    return corpus_files("ptb")["test"].read_text(encoding="utf-8").split()
+
+
+def text_of(words: list[str], tokens: int, max_chars: int, tokenize: Callable[[str], int], start: int = 0) -> str:
+    """A run of test-split text with at most ``tokens`` tokens and ``max_chars`` characters."""
+    lo, hi = 1, min(len(words) - start, tokens)
+    while lo < hi:  # the most words that fit both caps
+        mid = (lo + hi + 1) // 2
+        text = " ".join(words[start:start + mid])
+        lo, hi = (mid, hi) if len(text) <= max_chars and tokenize(text) <= tokens else (lo, mid - 1)
+    return " ".join(words[start:start + lo])
+
+
+def requests_at_the_limits(service: Service, limits: Limits, words: list[str]) -> dict[str, dict[str, Any]]:
+    """The costliest requests of each shape the limits allow, as request bodies."""
+    tok = service.model.tokenizer
+
+    def count(t: str) -> int:
+        return len(tok.encode(t).ids)
+
+    budget = limits.max_total_tokens
+    one = text_of(words, budget, limits.max_chars, count)
+    at_cap, used, pos = [], 0, 0
+    while used < budget and len(at_cap) < limits.max_texts:
+        t = text_of(words, budget - used, limits.max_chars, count, pos)
+        at_cap.append(t)
+        used += count(t)
+        pos += len(t.split())
+    per = budget // limits.max_texts
+    many = [text_of(words, per, limits.max_chars, count, k * per) for k in range(limits.max_texts)]
+    new = limits.max_new_tokens
+    prompt = text_of(words, limits.max_generate_tokens - new, limits.max_prompt_chars,
+                     lambda t: len(tok.encode(t, add_eos=False).ids))
+    return {"score, one text at the character cap": {"texts": [one]},
+            "score, texts at the character cap to the token budget": {"texts": at_cap},
+            f"score, {limits.max_texts} texts filling the token budget": {"texts": many},
+            f"generate, a prompt filling the budget + {new} new tokens": {
+                "task": "generate", "prompt": prompt, "max_new_tokens": new, "seed": 0, "stop_at_eos": False}}
+
+
+def time_request(service: Service, body: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """Median seconds of one request run to the end through the service core's steps (tokens counted); the
+    request must be within the service's limits (parsed and budget-checked as the server does)."""
+    req = parse_request(body, service.limits)
+    service.within_budget(req)
+    if isinstance(req, GenerateRequest):
+        n = len(service.model.tokenizer.encode(req.prompt, add_eos=False).ids) + req.sampling.max_new_tokens
+    else:
+        n = sum(len(service.model.tokenizer.encode(t).ids) for t in req.texts)
+    cpu, wall = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        if isinstance(req, GenerateRequest):
+            list(service.stream_steps(req, STEP_POSITIONS))
+        else:
+            run_steps(service.score_steps(req, STEP_POSITIONS))
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - t0)
+    return {"tokens": n, "texts": len(body.get("texts", [])) or None, "seconds": statistics.median(cpu),
+            "cpu_seconds_runs": cpu, "wall_seconds_runs": wall}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lim = result["limits"]
+    rows = ["| request (within the default limits) | tokens | CPU seconds (1 thread) |", "|---|---:|---:|"]
+    rows += [f"| {name} | {r['tokens']:,} | {r['seconds']:.2f} |" for name, r in result["requests"].items()]
+    return (f"Measured {result['date']} on `{result['model']}` ({result['machine']['platform']}, load average "
+            f"{result['machine']['load_avg'][0]:.1f}), one thread, median of {result['repeats']}; limits: "
+            f"`max_total_tokens` {lim['max_total_tokens']:,}, `max_generate_tokens` {lim['max_generate_tokens']:,}, "
+            f"`max_new_tokens` {lim['max_new_tokens']}, {lim['max_chars']:,} characters per text:\n\n"
+            + "\n".join(rows) + f"\n\nthe costliest: {result['max_seconds']:.2f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "request_cost.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    limits = Limits()
+    service = Service(zoo.load(args.model), limits)
+    run_steps(service.score_steps(parse_request({"text": "the cat"}), STEP_POSITIONS))  # warm
+    out = {name: time_request(service, body, args.repeats)
+           for name, body in requests_at_the_limits(service, limits, words_of_test_split()).items()}
+    for name, r in out.items():
+        print(f"{name}: {r['tokens']:,} tokens, {r['seconds']:.2f} s", flush=True)
+    result = {"model": args.model, "limits": {k: getattr(limits, k) for k in (
+        "max_total_tokens", "max_generate_tokens", "max_new_tokens", "max_texts", "max_chars")},
+        "step_positions": STEP_POSITIONS, "repeats": args.repeats, "requests": out,
+        "max_seconds": max(r["seconds"] for r in out.values()),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_result(args.out, result, markdown(result))
+
+
+if __name__ == "__main__":
+    main()
