@@ -14,7 +14,7 @@ Named API endpoints (gradio_client): ``/score``, ``/generate``, ``/adaptation``,
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import logging
 import math
 import os
@@ -55,6 +55,7 @@ from zoo.errors import InvalidRequest, ZooError  # noqa: E402
 from zoo.pretrained import ZooModel  # noqa: E402
 from zoo.registry import ARCHITECTURES  # noqa: E402
 from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request  # noqa: E402
+from zoo.tools.demo_guard import GuardRoutes  # noqa: E402
 from zoo.tools.demo_render import (  # noqa: E402
     _fmt,
     _summary_md,
@@ -63,6 +64,7 @@ from zoo.tools.demo_render import (  # noqa: E402
     heatmap_html,
     render_curve,
 )
+from zoo.tools.demo_stats import DynamicStats  # noqa: E402
 
 log = logging.getLogger("zoo.demo")
 REPO = Path(__file__).resolve().parent
@@ -73,6 +75,10 @@ MAX_CHARS = 20_000
 #: symbols, and every token is a span of the heatmap
 MAX_TOKENS = 25_000
 MAX_PROMPT_CHARS = 2_000
+#: Dynamic evaluation takes gradient steps (~8x the time of a plain score): its texts are capped shorter, it runs
+#: one at a time in its own queue (:data:`DYNAMIC_CONCURRENCY`), and its statistics are collected at start-up.
+MAX_DYNAMIC_CHARS = 2_000
+DYNAMIC_CONCURRENCY = 1
 MAX_NEW_TOKENS = 500
 MAX_TRACE_TOKENS = 500
 MAX_TEMPERATURE = 2.0
@@ -86,7 +92,8 @@ HyperLSTM (Ha et al. 2017): `d_ix` ... `d_oh` scale the input (`x`) and recurren
 i, j (the cell candidate), f and o; `beta_i` ... `beta_o` are the dynamic biases of those gates."""
 #: Where curves drawn from training logs are written (served: see ``launch``).
 CACHE_SIZE = 4
-#: Queue settings for a two-core machine: two model events at a time, 16 waiting at most.
+#: Queue settings for a two-core machine: two model events at a time (dynamic evaluation has its own slot), 16
+#: waiting at most.
 CONCURRENCY = 2
 QUEUE_SIZE = 16
 NONE_CHOICE = "(none)"
@@ -112,19 +119,20 @@ LIMITS = Limits(max_texts=1, max_chars=MAX_CHARS, max_total_chars=MAX_CHARS, max
                 max_prompt_chars=MAX_PROMPT_CHARS,
                 max_new_tokens=MAX_NEW_TOKENS, max_temperature=MAX_TEMPERATURE, max_top_k=MAX_TOP_K, truncate=True,
                 allow_dynamic=True)
+DYNAMIC_LIMITS = dataclasses.replace(LIMITS, max_chars=MAX_DYNAMIC_CHARS, max_total_chars=MAX_DYNAMIC_CHARS)
 
 
-def parse(payload: dict[str, Any]) -> ScoreRequest | GenerateRequest:
+def parse(payload: dict[str, Any], limits: Limits = LIMITS) -> ScoreRequest | GenerateRequest:
     """A request through the service schema; a bad field becomes a ``gr.Error`` with its one-line message."""
     try:
-        return parse_request(payload, LIMITS)
+        return parse_request(payload, limits)
     except InvalidRequest as e:
         raise gr.Error(e.message + ".") from None
 
 
-def clean_text(text: Any) -> tuple[str, str]:
+def clean_text(text: Any, limits: Limits = LIMITS) -> tuple[str, str]:
     """The text to score (the demo's box may send None when empty) and the notice to show ('' if none)."""
-    req = parse({"text": "" if text is None else text})
+    req = parse({"text": "" if text is None else text}, limits)
     return req.texts[0], " ".join(f"{w}." for w in req.warnings)
 
 
@@ -191,17 +199,22 @@ class ModelRegistry:
             if name in self._cache:
                 self._cache.move_to_end(name)
                 return self._cache[name]
-            entry = self.entries[name]
-            try:
-                model = zoo.load(name) if entry["source"] == "bundled" else zoo.load(entry["dir"])
-            except Exception as e:  # a broken checkpoint must not take the app down
-                log.exception("loading %s failed", name)
-                raise gr.Error(f"Could not load model {name!r}: {e}") from None
-            model.name = name
+            model = self.load(name)
             self._cache[name] = model
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
             return model
+
+    def load(self, name: str) -> ZooModel:
+        """A fresh copy of the model ``name`` (not cached: :meth:`get` caches)."""
+        entry = self.entries[name]
+        try:
+            model = zoo.load(name) if entry["source"] == "bundled" else zoo.load(entry["dir"])
+        except Exception as e:  # a broken checkpoint must not take the app down
+            log.exception("loading %s failed", name)
+            raise gr.Error(f"Could not load model {name!r}: {e}") from None
+        model.name = name
+        return model
 
     def has_adaptation(self, name: str) -> bool:
         arch = self.entries[name]["meta"].get("architecture")
@@ -268,21 +281,41 @@ def _score_one(model: ZooModel, text: str, dynamic: bool = False) -> dict[str, A
     }
 
 
+def dynamic_stats_of(registry: ModelRegistry) -> DynamicStats:
+    """The collector of the registry's models' statistics (:mod:`zoo.tools.demo_stats`): the ``--model-dir``
+    models first (the operator named them), then the default model, then the rest of the catalogue."""
+    entries = registry.entries
+    order = sorted(entries, key=lambda n: (entries[n]["source"] == "bundled", n != registry.default))
+    return DynamicStats([(n, "bundled" if entries[n]["source"] == "bundled" else str(entries[n]["dir"]))
+                         for n in order])
+
+
 # -- event handlers ---------------------------------------------------------------------------------------
-def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
+def make_handlers(registry: ModelRegistry, stats: DynamicStats | None = None) -> dict[str, Any]:
     """The four endpoint functions, closed over one registry (tests build their own)."""
 
-    def score(text: str, model: str, compare: str | None = None,
-              dynamic: bool = False) -> tuple[dict[str, Any], str, str]:
-        """Score ``text`` with ``model`` (and ``compare``): report, summary table, highlighted text. ``dynamic``:
-        dynamic evaluation (the weights adapt to the text as it is read; :mod:`zoo.dynamic`)."""
-        text, notice = clean_text(text)
-        dynamic = parse({"text": text, "dynamic": dynamic}).dynamic  # the schema checks the flag
+    dyn_stats = stats or dynamic_stats_of(registry)
+
+    def score(text: str, model: str, compare: str | None = None) -> tuple[dict[str, Any], str, str]:
+        """Score ``text`` with ``model`` (and ``compare``): report, summary table, highlighted text."""
+        return _score(text, model, compare, dynamic=False)
+
+    def score_dynamic(text: str, model: str, compare: str | None = None) -> tuple[dict[str, Any], str, str]:
+        """:func:`score` by dynamic evaluation (the weights adapt to the text as it is read; :mod:`zoo.dynamic`):
+        its own queue, one at a time, texts up to :data:`MAX_DYNAMIC_CHARS`."""
+        return _score(text, model, compare, dynamic=True)
+
+    def _score(text: str, model: str, compare: str | None, dynamic: bool) -> tuple[dict[str, Any], str, str]:
+        text, notice = clean_text(text, DYNAMIC_LIMITS if dynamic else LIMITS)
         if notice:
             gr.Warning(notice)
         names = [registry.check(model)]
         if compare not in (None, "", NONE_CHOICE):
             names.append(registry.check(compare))
+        for n in names if dynamic else []:
+            why = dyn_stats.problem(n)
+            if why is not None:
+                raise gr.Error(f"{n}: {why}")
         results = [_score_one(registry.get(n), text, dynamic) for n in names]
         for r in results:  # (loading refuses NaN/inf weights; finite ones can still overflow): say so
             if not all(math.isfinite(x) for x in r["surprisal_bits"]):
@@ -367,7 +400,8 @@ def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
         details["training_curve"] = curve
         return registry.card(name), details, curve
 
-    return {"score": score, "generate": generate, "adaptation": adaptation, "model_info": model_info}
+    return {"score": score, "score_dynamic": score_dynamic, "generate": generate, "adaptation": adaptation,
+            "model_info": model_info}
 
 
 # -- the UI -------------------------------------------------------------------------------------------------
@@ -377,7 +411,8 @@ EXAMPLE = "the company said it expects to report a loss for the third quarter\nm
 def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
     """The Blocks app over the bundled models plus ``model_dirs``."""
     registry = ModelRegistry(model_dirs)
-    h = make_handlers(registry)
+    stats = dynamic_stats_of(registry)
+    h = make_handlers(registry, stats)
     names = registry.names()
     adaptive = [n for n in names if registry.has_adaptation(n)] or names
     default = registry.default
@@ -397,18 +432,21 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
                                           elem_id="score-model")
                     s_cmp = gr.Dropdown([NONE_CHOICE] + names, value=NONE_CHOICE, label="Compare with",
                                         allow_custom_value=True, elem_id="score-compare")
-                s_dyn = gr.Checkbox(value=False, label="dynamic evaluation: the weights adapt to the text as it "
-                                    "is read (each segment scored before the step that learns from it; ~8x "
-                                    "slower; the first use collects gradient statistics from the training split, "
-                                    "~1 min)",
-                                    elem_id="score-dynamic")
-                s_btn = gr.Button("Score", variant="primary", elem_id="score-btn")
+                with gr.Row():
+                    s_btn = gr.Button("Score", variant="primary", elem_id="score-btn")
+                    s_dyn = gr.Button(f"Score by dynamic evaluation (texts up to {MAX_DYNAMIC_CHARS:,} characters, "
+                                      "one at a time)", elem_id="score-dynamic-btn")
+                gr.Markdown("Dynamic evaluation: the weights adapt to the text as it is read (each segment scored "
+                            "before the step that learns from it; ~8x slower). It has its own queue, so it never "
+                            "holds a plain score up.", elem_id="score-dynamic-note")
                 s_sum = gr.Markdown(elem_id="score-summary")
                 s_html = gr.HTML(elem_id="score-heatmap")
                 with gr.Accordion("Raw report (JSON)", open=False):
                     s_json = gr.JSON(label="report")
-                s_btn.click(h["score"], [s_text, s_model, s_cmp, s_dyn], [s_json, s_sum, s_html], api_name="score",
-                            **cpu)
+                s_btn.click(h["score"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html], api_name="score", **cpu)
+                s_dyn.click(h["score_dynamic"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html],
+                            api_name="score_dynamic", concurrency_limit=DYNAMIC_CONCURRENCY,
+                            concurrency_id="dynamic", show_progress="full")
 
             with gr.Tab("Generate", id="generate"):
                 g_prompt = gr.Textbox(label="Prompt", lines=2, value="the stock market", elem_id="gen-prompt")
@@ -468,6 +506,7 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
                     demo.load(h["model_info"], m_model, [m_card, m_details, m_curve], api_visibility="private")
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     demo.zoo_registry = registry  # type: ignore[attr-defined]
+    demo.zoo_dynamic = stats  # type: ignore[attr-defined]
     return demo
 
 
@@ -478,6 +517,7 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bo
     never a model folder (weights) or anything else.
     """
     registry: ModelRegistry = demo.zoo_registry  # type: ignore[attr-defined]
+    demo.zoo_dynamic.start()  # type: ignore[attr-defined]
     allowed = [str(curves_dir())]
     allowed += [c for c in (registry.curve(n) for n in registry.names()) if c and not c.startswith(allowed[0])]
     from starlette.middleware import Middleware
@@ -486,28 +526,8 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bo
              == "public"}
     return demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=not block,
                        css=CSS, show_error=True, footer_links=["api", "gradio"], max_threads=8,
-                       allowed_paths=allowed, app_kwargs={"middleware": [Middleware(UnknownEndpoint, known=known)]})
-
-
-class UnknownEndpoint:
-    """ASGI guard: a call to an API endpoint that does not exist gets 404 naming the real ones (Gradio answered
-    500, as for a server fault)."""
-
-    def __init__(self, app: Any, known: set[str]):
-        self.app, self.known = app, known
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            m = re.match(r"^/gradio_api/(?:call|run)/([^/]+)", scope.get("path", ""))
-            if m and m[1] not in self.known:
-                body = json.dumps({"detail": f"unknown API endpoint {m[1]!r}; the endpoints are "
-                                             + ", ".join(f"/{n}" for n in sorted(self.known))}).encode()
-                await send({"type": "http.response.start", "status": 404,
-                            "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
-                return
-        await self.app(scope, receive, send)
+                       allowed_paths=allowed,
+                       app_kwargs={"middleware": [Middleware(GuardRoutes, demo=demo, known=known)]})
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -14,6 +14,15 @@ never waits for whole generations, as it did when a batch ran its generations to
 
     python benchmarks/serving.py                      # the default model, 16 clients, 30 s per setting
     python benchmarks/serving.py --model path/to/ckpt --duration 10
+    python benchmarks/serving.py --fairness --duration 20   # honest clients beside hostile ones (below)
+
+Fairness (``--fairness``, one server with the default settings, through the front door ``zoo serve start``
+puts in front): 4 honest clients each score one PTB sentence back to back, alone and then beside (a) one client
+looping the largest score request the limits allow, (b) one client looping one 10,000-character text, (c) 8 and
+(d) 16 clients each generating 512 tokens back to back (a generation answered 503 waits its ``Retry-After``).
+Reported per scenario: the honest p50 over their p50 alone (target <= 3x), the share of honest requests
+answered 200 (target 100%), and what the hostile clients got. Writes benchmarks/results/serving_fairness.json
+and .md (the main README's benchmarks section).
 
 Writes benchmarks/results/serving.json and the markdown table next to it (serving.md), prints the table,
 then regenerates the READMEs (``python -m zoo.tools.readme``: the ``serving-benchmark`` section of
@@ -159,6 +168,131 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
     return out
 
 
+def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hostile: dict[str, Any] | None,
+                       hostile_clients: int, honest_clients: int = 4) -> dict[str, Any]:
+    """``honest_clients`` scoring one sentence each back to back for ``seconds``, beside ``hostile_clients`` looping
+    ``hostile`` (after a 2 s head start); a hostile request answered 503 waits its Retry-After."""
+    lock = threading.Lock()
+    honest: list[tuple[float, int]] = []
+    hostile_codes: list[int] = []
+    stop = threading.Event()
+    headers = {"Authorization": f"Bearer {key}"}
+
+    def session() -> requests.Session:
+        http = requests.Session()
+        http.trust_env = False
+        return http
+
+    def hostile_loop() -> None:
+        http = session()
+        while not stop.is_set():
+            try:
+                r = http.post(url, json=hostile, headers=headers, timeout=300)
+                code, wait = r.status_code, float(r.headers.get("Retry-After", 0) or 0)
+            except requests.RequestException:
+                code, wait = -1, 1.0
+            with lock:
+                hostile_codes.append(code)
+            stop.wait(wait)
+
+    def honest_loop(k: int, stop_at: float) -> None:
+        http, i = session(), k
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            try:
+                code = http.post(url, json={"task": "score", "texts": [texts[i % len(texts)]]}, headers=headers,
+                                 timeout=120).status_code
+            except requests.RequestException:
+                code = -1
+            with lock:
+                honest.append((time.perf_counter() - t0, code))
+            i += honest_clients
+
+    bad = [threading.Thread(target=hostile_loop, daemon=True) for _ in range(hostile_clients if hostile else 0)]
+    for t in bad:
+        t.start()
+    time.sleep(2.0 if bad else 0.0)
+    stop_at = time.perf_counter() + seconds
+    good = [threading.Thread(target=honest_loop, args=(k, stop_at)) for k in range(honest_clients)]
+    for t in good:
+        t.start()
+    for t in good:
+        t.join()
+    stop.set()
+    for t in bad:
+        t.join(timeout=300)
+    ok = [t for t, code in honest if code == 200]
+    return {"honest_requests": len(honest), "honest_200_percent": 100 * len(ok) / max(1, len(honest)),
+            "honest_p50_ms": 1000 * percentile(ok, 0.5), "honest_p99_ms": 1000 * percentile(ok, 0.99),
+            "hostile_requests": len(hostile_codes),
+            "hostile_codes": {str(c): hostile_codes.count(c) for c in sorted(set(hostile_codes))}}
+
+
+def fairness_scenarios(model: ZooModel, texts: list[str]) -> dict[str, tuple[dict[str, Any], int]]:
+    """The hostile loads: (request body, clients)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from request_cost import requests_at_the_limits, words_of_test_split
+
+    from zoo.service import Limits, Service
+
+    limits = Limits()
+    largest = requests_at_the_limits(Service(model, limits), limits, words_of_test_split())
+    words = " ".join(texts).split()
+    long_text = " ".join(words)[:limits.max_chars].rsplit(" ", 1)[0]  # test sentences up to the character cap
+    gen = {"task": "generate", "prompt": texts[0][:40], "max_new_tokens": 512, "stop_at_eos": False}
+    return {"a: one client looping the largest score request": (
+                largest["score, texts at the character cap to the token budget"], 1),
+            "b: one client looping one 10,000-character text": ({"task": "score", "texts": [long_text]}, 1),
+            "c: 8 clients generating 512 tokens": (gen, 8),
+            "d: 16 clients generating 512 tokens": (gen, 16)}
+
+
+def run_fairness(name: str, source: str, args: argparse.Namespace, texts: list[str]) -> dict[str, Any]:
+    model = ZooModel.from_pretrained(resolve_checkpoint(source))
+    scenarios = fairness_scenarios(model, texts)
+    ports = free_ports(4)
+    cfg = ServerConfig(inference_port=ports[0], management_port=ports[1], metrics_port=ports[2], worker_port=ports[3])
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="zoo-bench-fair-") as tmp:
+        run_dir = Path(tmp)
+        start_server([(name, source)], run_dir, cfg, ArchiveOptions(threads=args.threads), timeout=300)
+        try:
+            url = f"{cfg.url('inference')}/predictions/{name}"
+            key = read_keys(run_dir)["inference"]
+            honest_and_hostile(url, key, texts, args.warmup, None, 0)
+            out["alone"] = honest_and_hostile(url, key, texts, args.duration, None, 0)
+            for label, (body, clients) in scenarios.items():
+                res = honest_and_hostile(url, key, texts, args.duration, body, clients)
+                res["ratio_p50"] = res["honest_p50_ms"] / out["alone"]["honest_p50_ms"]
+                res["load_avg"] = os.getloadavg()
+                out[label] = res
+                print(f"{label}: honest p50 {res['honest_p50_ms']:.0f} ms ({res['ratio_p50']:.2f}x alone), "
+                      f"{res['honest_200_percent']:.1f}% 200; hostile {res['hostile_codes']}", flush=True)
+        finally:
+            stop_server(run_dir)
+    return out
+
+
+def fairness_markdown(result: dict[str, Any]) -> str:
+    alone = result["scenarios"]["alone"]
+    rows = ["| beside | honest p50 ms | x alone | honest 200 | hostile requests answered | load avg |",
+            "|---|---:|---:|---:|---|---:|",
+            f"| nothing (4 honest clients alone) | {alone['honest_p50_ms']:.0f} | 1.00 | "
+            f"{alone['honest_200_percent']:.0f}% | - | - |"]
+    for label, r in result["scenarios"].items():
+        if label == "alone":
+            continue
+        codes = ", ".join(f"{n} x {c}" for c, n in r["hostile_codes"].items())
+        rows.append(f"| {label} | {r['honest_p50_ms']:.0f} | {r['ratio_p50']:.2f} | {r['honest_200_percent']:.1f}% "
+                    f"| {codes} | {r['load_avg'][0]:.1f} |")
+    beside = f"; running beside: {result['running_beside']}" if result.get("running_beside") else ""
+    return (f"Measured {result['date']} on {_model_named(result)} ({result['machine']['platform']}, "
+            f"{result['machine']['cpu_count']} CPUs{beside}), through the front door, {result['duration_s']:.0f} s "
+            f"per scenario; targets: honest p50 <= 3x alone, 100% answered 200:\n\n" + "\n".join(rows))
+
+
 def run_setting(name: str, source: str, opts: ArchiveOptions, args: argparse.Namespace,
                 texts: list[str], mixed: bool = False) -> dict[str, Any]:
     """One fresh server: the score load, and with ``mixed`` then score alone vs score beside generation."""
@@ -239,12 +373,26 @@ def main() -> None:
     ap.add_argument("--gen-tokens", type=int, default=50, help="tokens per generate request (mixed load)")
     ap.add_argument("--note", default="", help="what else ran on the machine (recorded in the JSON and table)")
     ap.add_argument("--no-mixed", action="store_true", help="skip the mixed score + generate load")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serving.json"))
+    ap.add_argument("--fairness", action="store_true", help="honest clients beside hostile ones (module docstring)")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/serving.json (serving_fairness.json)")
     args = ap.parse_args()
 
     name, source = parse_model_spec(args.model)
     model = ZooModel.from_pretrained(resolve_checkpoint(source))
     texts = sentences()
+    results = Path(__file__).parent / "results"
+    if args.fairness:
+        fair = {"model": args.model, "checkpoint": str(resolve_checkpoint(source)),
+                "num_parameters": model.num_parameters, "duration_s": args.duration,
+                "scenarios": run_fairness(name, source, args, texts), "running_beside": args.note,
+                "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                            "load_avg_at_end": os.getloadavg()},
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        text = fairness_markdown(fair)
+        print(text)
+        write_result(args.out or results / "serving_fairness.json", fair, text)
+        return
+    args.out = args.out or results / "serving.json"
     runs = {}
     for key, batch, delay in (("batching_on", args.batch_size, args.max_batch_delay), ("batching_off", 1, 0)):
         opts = ArchiveOptions(batch_size=batch, max_batch_delay=delay, threads=args.threads)

@@ -72,6 +72,7 @@ def served(model_root):
     """(client, local_url, registry) of the app launched once for the module."""
     demo = app.build_demo([model_root])
     _, url, _ = app.launch(demo, port=free_port(), block=False)
+    assert demo.zoo_dynamic.wait("tiny-alstm", 60)  # its statistics: refused at once (not PTB's vocabulary)
     client = gradio_client.Client(url, verbose=False)
     try:
         yield client, url, app.ModelRegistry([model_root])
@@ -285,6 +286,8 @@ def test_queue_and_concurrency_limits_for_two_cores(model_root):
     fns = {fn.api_name: fn for fn in demo.fns.values()}
     for name in ("score", "generate", "adaptation"):  # the model events share one two-slot pool
         assert (fns[name].concurrency_limit, fns[name].concurrency_id) == (2, "cpu")
+    # dynamic evaluation has its own queue of one, so it never takes the slots plain scoring uses
+    assert (fns["score_dynamic"].concurrency_limit, fns["score_dynamic"].concurrency_id) == (1, "dynamic")
     assert fns["generate"].time_limit == 300
 
 
@@ -447,13 +450,13 @@ def test_unknown_api_endpoint_is_404_and_the_app_stays_up(served):
 
 
 def test_dynamic_option_without_training_data_is_a_readable_error(served):
-    """The Score tab's dynamic-evaluation box goes through the service core; a model whose training split is not
+    """The Score tab's dynamic-evaluation button goes through the service core; a model whose training split is not
     in the data dir (these tiny models' vocabulary is not PTB's) gets a one-line error naming the model, and the
     app stays up (the core's positive path: tests/test_service.py)."""
     client, _, _ = served
     with pytest.raises(Exception, match="tiny-alstm: dynamic evaluation with rule 'rms' needs the model's training"):
-        client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, True, api_name="/score")
-    report, _, _ = client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, False, api_name="/score")
+        client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, api_name="/score_dynamic")
+    report, _, _ = client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, api_name="/score")
     assert report["models"][0]["num_tokens"] > 0
 
 
@@ -479,3 +482,75 @@ def test_a_bad_port_in_the_environment_is_one_line(value):
                           env={**os.environ, "GRADIO_SERVER_PORT": value})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"GRADIO_SERVER_PORT must be a port number in 1..65535, got '{value}'" in proc.stderr
+
+
+def _http(url: str, method: str = "GET", body: bytes | dict | None = None,
+          content_type: str = "application/json") -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.read(2000)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_gradio_routes_a_client_can_misuse_answer_4xx_and_uploads_are_refused(served):
+    """Each of these was Gradio's 500 (or a 200 stream that broke, or a stored upload): now a 4xx with a JSON
+    detail, and the app still answers."""
+    client, url, _ = served
+    base = url.rstrip("/") + "/gradio_api"
+    cases = [("POST", "/queue/join", {"fn_index": 999, "data": [], "session_hash": "abc"}, 404),
+             ("POST", "/queue/join", {"fn_index": 0, "data": ["only one"], "session_hash": "abc"}, 422),
+             ("POST", "/api/score", {"data": []}, 422),
+             ("POST", "/api/no_such_fn", {"data": []}, 404),
+             ("POST", "/call/score", {"data": ["the cat"]}, 422),
+             ("POST", "/component_server", {"component_id": 99999, "fn_name": "x", "data": None,
+                                            "session_hash": "a"}, 404),
+             ("GET", "/call/score/no-such-event", None, 404),
+             ("GET", "/queue/data?session_hash=no-such-session", None, 404)]
+    for method, path, body, status in cases:
+        code, reply = _http(base + path, method, body)
+        assert code == status, (path, body, code, reply[:200])
+        assert json.loads(reply)["detail"], path
+    upload = b'--x\r\nContent-Disposition: form-data; name="files"; filename="a.txt"\r\n\r\nhello\r\n--x--\r\n'
+    code, reply = _http(base + "/upload", "POST", upload, "multipart/form-data; boundary=x")
+    assert code == 403 and "upload" in json.loads(reply)["detail"]
+    report, _, _ = client.predict("the cat", "tiny-alstm", app.NONE_CHOICE, api_name="/score")
+    assert report["models"][0]["num_tokens"] == 3
+
+
+def test_a_plain_score_is_not_held_up_by_dynamic_evaluation(tmp_path):
+    """Dynamic evaluation runs in its own queue of one, with its statistics collected at start-up and its text
+    capped: a plain score sent while a long dynamic one runs is answered within about 2x its time alone."""
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "tiny-sgd", tiny_lm("alstm").eval(), tok,
+                    {"name": "tiny-sgd", "dataset": "ptb", "dynamic_eval": {"rule": "sgd"}})
+    demo = app.build_demo([tmp_path])
+    _, url, _ = app.launch(demo, port=free_port(), block=False)
+    try:
+        assert demo.zoo_dynamic.wait("tiny-sgd", 60) and demo.zoo_dynamic.state["tiny-sgd"] is None
+        client = gradio_client.Client(url, verbose=False)
+        long_text = ("the cat sat on the mat a dog ran to the zebra " * 80)[:app.MAX_DYNAMIC_CHARS + 1000]
+
+        def plain() -> float:
+            t0 = time.perf_counter()
+            client.predict(TEXT, "tiny-sgd", app.NONE_CHOICE, api_name="/score")
+            return time.perf_counter() - t0
+
+        alone = sorted(plain() for _ in range(5))[2]
+        t0 = time.perf_counter()
+        job = client.submit(long_text, "tiny-sgd", app.NONE_CHOICE, api_name="/score_dynamic")
+        time.sleep(0.3)
+        beside = sorted(plain() for _ in range(5))[2]
+        report, _, _ = job.result(timeout=120)
+        dynamic_s = time.perf_counter() - t0
+        capped = app.clean_text(long_text, app.DYNAMIC_LIMITS)[0]
+        assert len(capped) <= app.MAX_DYNAMIC_CHARS < len(long_text)
+        assert report["models"][0]["num_tokens"] == len(tok.encode(capped).ids)  # the capped text was scored
+        assert dynamic_s > 3 * beside, "the dynamic call was too short to show anything"
+        assert beside <= 2 * alone + 0.05, f"plain {alone * 1000:.0f} ms alone, {beside * 1000:.0f} ms beside"
+        client.close()
+    finally:
+        demo.close()
