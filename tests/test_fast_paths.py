@@ -9,6 +9,7 @@ switch (``use_reference`` / ``reference_cells`` / ``ZOO_REFERENCE_CELLS=1``) rea
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -291,3 +292,38 @@ def test_a_build_lock_left_by_a_killed_build_is_cleared(tmp_path):
         held = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "zoo-build.lock")], capture_output=True)
     free = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "zoo-build.lock")], capture_output=True)
     assert held.returncode != 0 and free.returncode == 0
+
+
+def test_a_built_loop_is_loaded_without_the_build_tool(tmp_path):
+    """Ready means ready: once `zoo build-ext` built the loops, a process loads them without asking ninja (torch's
+    `load` ran it every time, and two ninja versions each consider the other's build stale: every switch rebuilt
+    the loop, once inside a server's first request, 26-38 s). Here `ninja` on PATH is a stand-in that records
+    being run and fails: the loops still load, nothing is compiled, and it never ran."""
+    from zoo.models import _compiled
+
+    for name in _compiled.SOURCES:
+        assert _compiled.load(name) is not None, _compiled.status()  # built (as `make venv` does)
+    marker = tmp_path / "ninja-ran"
+    fake = tmp_path / "bin" / "ninja"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {marker}\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    probe = ("import json; from zoo.models import _compiled; "
+             "print(json.dumps({n: (_compiled.load(n) is not None, _compiled.status()[n].get('compiled_now')) "
+             "for n in _compiled.SOURCES}))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(ok and not compiled for ok, compiled in loaded.values()), loaded
+    assert not marker.exists(), marker.read_text()
+
+
+def test_the_cache_key_names_the_compiler_not_the_build_tool(monkeypatch):
+    """What changes the binary (the compiler) changes the folder; the build tool is not in the key."""
+    from zoo.models import _compiled
+
+    folder, _ = _compiled._build_dir("alstm_infer")
+    monkeypatch.setattr(_compiled, "compiler_id", lambda: "c++ (some other compiler) 99.0")
+    assert _compiled._build_dir("alstm_infer")[0] != folder
