@@ -33,8 +33,8 @@ another client's latency by a bounded factor (``benchmarks/serving.py``). Genera
 
 The archive runs with TorchServe's continuous batching (``continuousBatching: true``): a request stays in the
 batch until its reply is complete, and the frontend hands the worker the new requests that arrived meanwhile
-together with the jobs still running. A call that carries new requests runs one round (so they start at once); a
-call that carries nothing but running jobs runs rounds for ``gen_slice_ms`` (fewer calls, same fairness); a call
+together with the jobs still running. A call runs rounds for ``gen_slice_ms`` or until a job finishes, whichever
+is first (a short request is answered in the call that starts it, and a finished reply leaves at once); a call
 that only closes finished replies runs none. Each call answers every request of its batch: finished ones with
 their reply (``ts_stream_next: false``), running ones with their next chunk (``ts_stream_next: true``): NDJSON
 lines for a streamed generation, nothing until the whole JSON reply otherwise.
@@ -221,11 +221,9 @@ class ZooService:
                 fresh.add(i)
                 out[i], more[i] = self._start(context, i, ids[i], row, n)
         running = [ids[i] for i in range(n) if ids[i] in self.scheduler.jobs]
-        # new requests start at once (one round); a call of running jobs alone runs for the slice; a call that
-        # only closes replies runs none (it costs no model time, and the next call follows at once)
-        if fresh:
-            self.scheduler.run(running, 0.0)
-        elif not closing:
+        # rounds for the slice or until a job finishes (its reply leaves at once); a call that only closes replies
+        # runs none (it costs no model time, and the next call follows at once)
+        if fresh or not closing:
             self.scheduler.run(running, self.slice_s)
         for i in range(n):
             job = self.scheduler.jobs.get(ids[i])

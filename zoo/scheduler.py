@@ -131,13 +131,13 @@ class Scheduler:
             self.jobs.pop(key, None)
 
     def run(self, keys: Iterable[Hashable], budget_s: float) -> None:
-        """Advance the live jobs among ``keys`` round-robin, one step each per round, for ``budget_s`` seconds (at
-        least one round, so each makes progress whatever the budget)."""
+        """Advance the live jobs among ``keys`` round-robin, one step each per round, for ``budget_s`` seconds or
+        until a job finishes (its reply can then leave at once), whichever is first; at least one round, so each
+        makes progress whatever the budget."""
         live = [self.jobs[k] for k in keys if k in self.jobs and not self.jobs[k].done]
         deadline = time.perf_counter() + budget_s
         while live:
             for job in live:
                 job.advance()
-            live = [j for j in live if not j.done]
-            if time.perf_counter() >= deadline:
+            if any(j.done for j in live) or time.perf_counter() >= deadline:
                 break
