@@ -36,6 +36,7 @@ finished ones with their reply (``ts_stream_next: false``), running generations 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ logger = logging.getLogger(__name__)
 try:
     import torch
 
+    from zoo.completions import CompletionRun, error_of, openai_error, parse_completion
     from zoo.errors import InvalidRequest, ZooError
     from zoo.pretrained import ZooModel
     from zoo.service import (
@@ -65,8 +67,20 @@ except ImportError as e:  # the worker's Python must be the project's environmen
 
 JSON_TYPE = "application/json"
 NDJSON_TYPE = "application/x-ndjson"
-PHRASES = {400: "Bad Request", 500: "Internal Server Error"}
+SSE_TYPE = "text/event-stream"
+PHRASES = {400: "Bad Request", 404: "Not Found", 413: "Payload Too Large", 500: "Internal Server Error"}
+#: The request header the front door sets on ``POST /v1/completions`` (and removes from every other request): the
+#: OpenAI-compatible dialect (:mod:`zoo.completions`) instead of the native one.
+API_HEADER, OPENAI = "x-zoo-api", "openai"
 TOKENS_METRIC = "zoo_tokens_scored_total"
+
+
+class _OpenAIError(Exception):
+    """A refused OpenAI-compatible request: ``args = (status, OpenAI-shaped body)``."""
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
 
 
 # -- the service ----------------------------------------------------------------------------------------------
@@ -97,6 +111,34 @@ class Generation:
             return None
         self.text.append(piece)
         return piece
+
+
+@dataclass
+class Completion:
+    """An OpenAI-compatible completion in progress (:class:`zoo.completions.CompletionRun`), kept across handler
+    calls like a generation: each :meth:`advance` is one slice of its work and returns the events it streams."""
+
+    run: CompletionRun
+    done: bool = False
+    error: tuple[int, dict[str, Any]] | None = None
+    pending: bytes = b""
+
+    @property
+    def stream(self) -> bool:
+        return self.run.request.stream
+
+    def advance(self) -> str | None:
+        if self.done:
+            return None
+        try:
+            self.pending += self.run.advance()
+        except Exception as e:  # a ZooError is the caller's (its 4xx); anything else a bug (500), this one alone
+            if not isinstance(e, ZooError):
+                logger.exception("completion failed")
+            self.done, self.error = True, error_of(e)
+            return None
+        self.done = self.run.done
+        return ""
 
 
 class ZooService:
@@ -148,15 +190,34 @@ class ZooService:
 
     # Each request of a batch gets its own status, content type and body.
     @staticmethod
-    def _content_type(context: Any, idx: int) -> str:
+    def _header(context: Any, idx: int, name: str) -> str:
         headers = context.get_all_request_header(idx) or {}
         for key, value in headers.items():
-            if isinstance(value, str) and key.lower() == "content-type":
+            if isinstance(value, str) and key.lower() == name:
                 return value
         for value in headers.values():
-            if isinstance(value, dict) and value.get("content-type"):
-                return str(value["content-type"])
+            if isinstance(value, dict) and value.get(name):
+                return str(value[name])
         return ""
+
+    def _content_type(self, context: Any, idx: int) -> str:
+        return self._header(context, idx, "content-type")
+
+    def _completion(self, raw: Any) -> Completion:
+        """An OpenAI-compatible request (the front door routed it here by its ``model``): parsed and validated as
+        :mod:`zoo.completions` says, before any model work; a refusal is OpenAI's error shape."""
+        assert self.service is not None
+        try:
+            text = bytes(raw).decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+            payload = json.loads(text, parse_constant=_no_constant) if isinstance(text, str) else None
+        except (ValueError, RecursionError):
+            raise _OpenAIError(400, openai_error(400, "the body is not valid JSON", None, "invalid_json")) from None
+        try:
+            request = parse_completion(payload, self.service.model.tokenizer, self.service.limits,
+                                       served=self.model_name)
+        except ZooError as e:
+            raise _OpenAIError(*error_of(e)) from None
+        return Completion(CompletionRun(self.service.model, request))
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """Answer every request of the batch; a failure is confined to its own request (never raised).
@@ -188,12 +249,18 @@ class ZooService:
             try:
                 context.set_response_header(i, "X-Zoo-Batch-Size", str(n))
                 raw = row.get("body", row.get("data")) if isinstance(row, dict) else None
+                if self._header(context, i, API_HEADER) == OPENAI:
+                    gens[i] = self.running[ids[i]] = self._completion(raw)
+                    fresh.add(i)
+                    continue
                 job = parse_body(raw, self._content_type(context, i), self.service.limits)
                 if isinstance(job, GenerateRequest):
                     gens[i] = self.running[ids[i]] = Generation(job, self.service.stream(job))
                     fresh.add(i)
                 else:
                     jobs[i] = job
+            except _OpenAIError as e:
+                out[i] = self._reply(context, i, *e.args)
             except InvalidRequest as e:
                 out[i] = self._reply(context, i, 400, error_body(e))
             except Exception:  # a bug in parsing: this request alone fails
@@ -261,6 +328,8 @@ class ZooService:
         """What this call sends for one generation: a streamed request gets its new NDJSON lines (and the closing
         line when done), a plain one nothing until its whole JSON reply. A failure before anything was sent is
         a normal error reply; after that, a streamed request gets an error line."""
+        if isinstance(gen, Completion):
+            return self._completion_chunk(context, idx, gen, first)
         job = gen.job
         if gen.error is not None:
             if first:  # nothing sent yet: an ordinary error reply
@@ -283,6 +352,27 @@ class ZooService:
                 last["error"] = gen.error[1]
             body += to_json(last) + b"\n"
         return body
+
+    def _completion_chunk(self, context: Any, idx: int, comp: Completion, first: bool) -> bytes:
+        """A completion's bytes for this call: streamed, its new server-sent events (an error after the first
+        event is one more ``data: {"error": ...}`` event, then ``[DONE]``); otherwise its whole reply when done."""
+        if comp.error is not None:
+            if first:  # nothing sent yet: an ordinary error reply
+                return self._reply(context, idx, *comp.error)
+            if comp.stream:
+                return b"data: " + to_json(comp.error[1]) + b"\n\ndata: [DONE]\n\n"
+            return to_json(comp.error[1])  # the status line already went out with the first (empty) chunk
+        if not comp.stream:
+            if comp.done:
+                return self._reply(context, idx, 200, comp.run.reply())
+            if first:
+                context.set_response_content_type(idx, JSON_TYPE)
+            return b""
+        if first:
+            context.set_response_content_type(idx, SSE_TYPE)
+            context.set_response_header(idx, "Cache-Control", "no-cache")
+        out, comp.pending = comp.pending, b""
+        return out
 
     def _reply(self, context: Any, idx: int, code: int, body: dict[str, Any]) -> bytes:
         self._codes[idx] = code
