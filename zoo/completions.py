@@ -91,7 +91,7 @@ def _prompts(raw: Any, vocab_size: int, limits: Any) -> tuple[list[Prompt], list
     """``prompt``: a string, a list of strings, a list of token ids or a list of such lists."""
     if isinstance(raw, str):
         items: list[Any] = [raw]
-    elif isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+    elif isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):  # bools: refused per id below
         items = [raw]
     elif isinstance(raw, list) and raw:
         items = raw
@@ -458,9 +458,9 @@ def error_of(err: Exception) -> tuple[int, dict[str, Any]]:
     if isinstance(err, ModelNotServed):
         return 404, openai_error(404, str(err), "model", "model_not_found")
     if isinstance(err, BudgetExceeded):
-        return 413, openai_error(413, f"{err.field}: {err.message}", err.field, "request_too_large")
+        return 413, openai_error(413, err.message, err.field, "request_too_large")
     if isinstance(err, InvalidRequest):
-        return 400, openai_error(400, f"{err.field}: {err.message}", err.field, "invalid_value")
+        return 400, openai_error(400, err.message, err.field, "invalid_value")
     if isinstance(err, ZooError):
         return 400, openai_error(400, str(err), None, "invalid_value")
     return 500, openai_error(500, "the completion failed; see the server's model log", None, "internal_error")
