@@ -95,6 +95,9 @@ CACHE_SIZE = 4
 #: Queue settings for a two-core machine: two model events at a time (dynamic evaluation has its own slot), 16
 #: waiting at most.
 CONCURRENCY = 2
+#: Said on the API page: this demo's endpoints are for gradio_client; OpenAI's clients talk to the server.
+OPENAI_SERVER = ("An OpenAI-compatible API (the `openai` client, lm-evaluation-harness `local-completions`) is served "
+                 "by `zoo serve start`: POST http://127.0.0.1:8080/v1/completions (see serving/README.md).")
 QUEUE_SIZE = 16
 NONE_CHOICE = "(none)"
 LN2 = math.log(2.0)
@@ -443,7 +446,9 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
                 s_html = gr.HTML(elem_id="score-heatmap")
                 with gr.Accordion("Raw report (JSON)", open=False):
                     s_json = gr.JSON(label="report")
-                s_btn.click(h["score"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html], api_name="score", **cpu)
+                s_btn.click(h["score"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html], api_name="score",
+                            api_description="Score a text: per-token log-probabilities, perplexity, bit rates. "
+                                            + OPENAI_SERVER, **cpu)
                 s_dyn.click(h["score_dynamic"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html],
                             api_name="score_dynamic", concurrency_limit=DYNAMIC_CONCURRENCY,
                             concurrency_id="dynamic", show_progress="full")
@@ -467,7 +472,8 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
                     g_stop = gr.Button("Stop")
                 g_out = gr.Textbox(label="Continuation", lines=6, elem_id="gen-out")
                 ev = g_btn.click(h["generate"], [g_prompt, g_model, g_n, g_temp, g_k, g_p, g_seed, g_eos, g_unk], g_out,
-                                 api_name="generate", time_limit=300, **cpu)
+                                 api_name="generate", api_description="Generate a continuation. " + OPENAI_SERVER,
+                                 time_limit=300, **cpu)
                 g_stop.click(None, None, None, cancels=[ev])
 
             with gr.Tab("Adaptation", id="adaptation"):

@@ -41,7 +41,9 @@ lines for a streamed generation, nothing until the whole JSON reply otherwise.
 
 Three parts, so that another wire format (a dialect) is a new parser and formatter, never a scheduler change:
 parsing a request into a job (:meth:`ZooDialect.parse`), scheduling and running jobs (:class:`zoo.scheduler.
-Scheduler`), formatting a job's progress into bytes (:meth:`ZooDialect.chunk`).
+Scheduler`), formatting a job's progress into bytes (:meth:`ZooDialect.chunk`). Two dialects: the zoo's own, and
+OpenAI's completions API (:class:`OpenAIDialect`, :mod:`zoo.completions`), which the front door selects by setting
+``X-Zoo-Api: openai`` on ``POST /v1/completions`` (it removes that header from every other request).
 
 Ready means ready: :meth:`ZooService.initialize` scores a short text and takes one generation step before it
 returns, so TorchServe reports the model READY only once it can answer at full speed (the compiled loops are
@@ -50,6 +52,7 @@ built at install, ``zoo build-ext``; loading them here takes well under a second
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -59,7 +62,8 @@ logger = logging.getLogger(__name__)
 try:
     import torch
 
-    from zoo.errors import ServerBusy, ZooError
+    from zoo.completions import CompletionRequest, error_of, parse_completion
+    from zoo.errors import InvalidRequest, ServerBusy, ZooError
     from zoo.generation import SamplingParams
     from zoo.pretrained import ZooModel
     from zoo.scheduler import STEP_POSITIONS, Job, Scheduler
@@ -80,7 +84,11 @@ except ImportError as e:  # the worker's Python must be the project's environmen
 
 JSON_TYPE = "application/json"
 NDJSON_TYPE = "application/x-ndjson"
-PHRASES = {400: "Bad Request", 413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+SSE_TYPE = "text/event-stream"
+PHRASES = {400: "Bad Request", 404: "Not Found", 413: "Payload Too Large", 500: "Internal Server Error",
+           503: "Service Unavailable"}
+#: The request header by which the front door selects the OpenAI-compatible dialect.
+API_HEADER, OPENAI = "x-zoo-api", "openai"
 TOKENS_METRIC = "zoo_tokens_scored_total"
 INTERNAL = {"code": 500, "type": "InternalServerError", "message": "{what} failed; see model_log.log"}
 
@@ -120,6 +128,46 @@ class ZooDialect:
         return body
 
 
+class OpenAIDialect:
+    """OpenAI's completions API (:mod:`zoo.completions`): the request becomes a
+    :class:`~zoo.completions.CompletionRequest`, whose progress is its :class:`~zoo.completions.CompletionRun`'s;
+    replies and errors are OpenAI's shapes, a stream is server-sent events ending with ``data: [DONE]``."""
+
+    def __init__(self, tokenizer: Any, served: str):
+        self.tokenizer, self.served = tokenizer, served
+
+    def parse(self, raw: Any, content_type: str, limits: Limits) -> CompletionRequest:
+        media = (content_type or "").split(";")[0].strip().lower()
+        if media not in ("", JSON_TYPE):
+            raise InvalidRequest("Content-Type", f"unsupported {media[:40]!r}; send application/json")
+        try:
+            text = bytes(raw).decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+            payload = json.loads(text, parse_constant=_no_constant) if isinstance(text, str) else None
+        except (ValueError, RecursionError):
+            raise InvalidRequest("body", "is not valid JSON (UTF-8)") from None
+        return parse_completion(payload, self.tokenizer, limits, served=self.served)
+
+    def content_type(self, job: Job) -> str:
+        return SSE_TYPE if job.request.stream else JSON_TYPE
+
+    def error(self, err: Exception | None, what: str = "request") -> dict[str, Any]:
+        return error_of(err if err is not None else RuntimeError(what))[1]
+
+    def chunk(self, job: Job, pieces: list[str]) -> bytes:
+        """A stream's new events (an error once events went out is one more ``data: {"error": ...}`` event and
+        ``[DONE]``); otherwise nothing until the whole reply (an error after the 200 status line is its body)."""
+        if job.error is not None:
+            body = to_json(self.error(job.error, "completion"))
+            return b"data: " + body + b"\n\ndata: [DONE]\n\n" if job.request.stream else body
+        if job.request.stream:
+            return job.run.events()
+        return to_json(job.result) if job.done else b""
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 # -- the service ----------------------------------------------------------------------------------------------
 class ZooService:
     """Loads the archived checkpoint once per worker and serves batches through :class:`zoo.scheduler.Scheduler`."""
@@ -128,6 +176,7 @@ class ZooService:
         self.service: Service | None = None
         self.scheduler: Scheduler | None = None
         self.dialect = ZooDialect()
+        self.openai: OpenAIDialect | None = None
         self.tokens_metric: Any = None
         self.model_name = "model"
         #: requests whose whole reply went out in the previous call, closed by an empty last chunk in this one
@@ -158,6 +207,7 @@ class ZooService:
 
             attach_backend(model, backend)
         self.service = Service(model, limits)
+        self.openai = OpenAIDialect(model.tokenizer, context.model_name)
         batch = int(context.system_properties.get("batch_size") or 8)
         gens = int(cfg.get("max_generations") or max(1, batch // 2))
         self.scheduler = Scheduler(self.service, int(cfg.get("step_positions") or STEP_POSITIONS), gens)
@@ -184,15 +234,21 @@ class ZooService:
 
     # Each request of a batch gets its own status, content type and body.
     @staticmethod
-    def _content_type(context: Any, idx: int) -> str:
+    def _header(context: Any, idx: int, name: str) -> str:
         headers = context.get_all_request_header(idx) or {}
         for key, value in headers.items():
-            if isinstance(value, str) and key.lower() == "content-type":
+            if isinstance(value, str) and key.lower() == name:
                 return value
         for value in headers.values():
-            if isinstance(value, dict) and value.get("content-type"):
-                return str(value["content-type"])
+            if isinstance(value, dict) and value.get(name):
+                return str(value[name])
         return ""
+
+    def _dialect_of(self, job: Job | None = None, context: Any = None, idx: int = 0) -> Any:
+        """A job's dialect (by its request), or a new request's (by the front door's header)."""
+        if job is not None:
+            return self.openai if isinstance(job.request, CompletionRequest) else self.dialect
+        return self.openai if self._header(context, idx, API_HEADER) == OPENAI else self.dialect
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """Answer every request of the batch; a failure is confined to its own request (never raised).
@@ -238,19 +294,20 @@ class ZooService:
     def _start(self, context: Any, idx: int, rid: str, row: Any, n: int) -> tuple[bytes, bool | None]:
         """Parse a new request and admit it as a job: ``(b"", True)``, or its whole error reply and ``None``."""
         assert self.scheduler is not None and self.service is not None
+        dialect = self._dialect_of(context=context, idx=idx)
         try:
             context.set_response_header(idx, "X-Zoo-Batch-Size", str(n))
             raw = row.get("body", row.get("data")) if isinstance(row, dict) else None
-            request = self.dialect.parse(raw, self._content_type(context, idx), self.service.limits)
+            request = dialect.parse(raw, self._header(context, idx, "content-type"), self.service.limits)
             self.scheduler.admit(rid, request)
             return b"", True
         except ZooError as e:  # bad input, over the budget, no generation place: its own 4xx/503
             if isinstance(e, ServerBusy):
                 context.set_response_header(idx, "Retry-After", str(e.retry_after_s))
-            return self._whole(context, idx, rid, error_status(e), self.dialect.error(e)), None
+            return self._whole(context, idx, rid, error_status(e), dialect.error(e)), None
         except Exception:  # a bug in parsing: this request alone fails
             logger.exception("parsing request %d failed", idx)
-            return self._whole(context, idx, rid, 500, self.dialect.error(None, "parsing")), None
+            return self._whole(context, idx, rid, 500, dialect.error(None, "parsing")), None
 
     def _progress(self, context: Any, idx: int, rid: str, job: Job, first: bool) -> tuple[bytes, bool | None]:
         """This call's bytes for a job and whether it goes on (TorchServe's ``ts_stream_next``: True = more to
@@ -263,12 +320,13 @@ class ZooService:
         and the request is closed by an empty last chunk in the next call, which the frontend makes at once."""
         assert self.scheduler is not None
         pieces = job.take_pieces()
+        dialect = self._dialect_of(job)
         if first and job.done and job.error is not None:  # nothing sent yet: an ordinary error reply
             self.scheduler.forget([rid])
-            return self._whole(context, idx, rid, job.status, self.dialect.error(job.error, job.request.task)), None
+            return self._whole(context, idx, rid, job.status, dialect.error(job.error, job.request.task)), None
         if first:
-            context.set_response_content_type(idx, self.dialect.content_type(job))
-        body = self.dialect.chunk(job, pieces)
+            context.set_response_content_type(idx, dialect.content_type(job))
+        body = dialect.chunk(job, pieces)
         if not job.done:
             return body, True
         self.scheduler.forget([rid])
@@ -287,7 +345,7 @@ class ZooService:
 
     def _count(self, job: Job) -> None:
         """The scored-tokens metric, for a score request answered."""
-        if self.tokens_metric is None or job.generates or job.result is None:
+        if self.tokens_metric is None or not isinstance(job.request, ScoreRequest) or job.result is None:
             return
         try:
             self.tokens_metric.add_or_update(job.result["corpus"]["num_tokens"], [self.model_name])

@@ -129,6 +129,9 @@ def test_named_endpoints(served):
     named = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     for name in ("/score", "/generate", "/adaptation", "/model_info"):
         assert name in named, sorted(named)
+    # the API page says where the OpenAI-compatible server is (its clients do not speak Gradio's API)
+    for name in ("/score", "/generate"):
+        assert "/v1/completions" in named[name]["description"] and "zoo serve start" in named[name]["description"]
 
 
 def test_score_matches_library(served, model_root):

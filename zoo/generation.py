@@ -97,6 +97,40 @@ def read_context_steps(runner, ids: list[int], vocab_size: int,
     return state
 
 
+class Sampler:
+    """The sampling rule, written once for every caller that draws tokens one at a time (``sample_steps`` here, the
+    OpenAI-compatible completions of :mod:`zoo.completions`): the seeded generator, the ``<unk>`` rules and the
+    greedy / temperature / top-k / top-p choice, so the same seed gives the same tokens on every route."""
+
+    def __init__(self, tokenizer: Tokenizer, params: SamplingParams, context: list[int]):
+        self.tokenizer, self.params, self.context = tokenizer, params, context
+        self.gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        # a character model's <unk> is spelled as characters (zoo.tokenizer): the ids of that spelling, if it has them
+        self.spelled = [tokenizer.index[ch] for ch in UNK] \
+            if tokenizer.is_char and all(ch in tokenizer.index for ch in UNK) else []
+
+    def choose(self, logits: Tensor) -> int:
+        """The next id from one step's logits ``[V]`` (float32); the id is appended to the context."""
+        params, tok, context, spelled = self.params, self.tokenizer, self.context, self.spelled
+        logits = logits.clone()
+        if not params.allow_unk and tok.unk_id is not None:
+            logits[tok.unk_id] = float("-inf")
+        elif not params.allow_unk and spelled and context[len(context) - len(spelled) + 1:] == spelled[:-1]:
+            logits[spelled[-1]] = float("-inf")  # the last character of a spelled <unk>
+        if params.temperature == 0:
+            nxt = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(filter_logits(logits / params.temperature, params.top_k, params.top_p), -1)
+            nxt = int(torch.multinomial(probs, 1, generator=self.gen))
+        context.append(nxt)
+        return nxt
+
+
+def prompt_context(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """A text prompt's context: one ``<eos>`` (the start of a sentence) and its tokens, its last line left open."""
+    return [tokenizer.eos_id] + tokenizer.encode(prompt, add_eos=False).ids
+
+
 def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams) -> Iterator[int]:
     """Yield generated token ids one by one: ``max_new_tokens`` of them, unless ``stop_at_eos`` and ``<eos>``."""
     return (idx for idx in sample_steps(runner, tokenizer, prompt, params) if idx is not None)
@@ -107,11 +141,8 @@ def sample_steps(runner, tokenizer: Tokenizer, prompt: str, params: SamplingPara
                  prompt_piece: int | None = None) -> Iterator[int | None]:
     """:func:`sample_ids`, with a ``None`` after each piece of at most ``prompt_piece`` prompt tokens read: a
     server interleaves a long prompt with other requests' work instead of reading it in one go."""
-    gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-    context = [tokenizer.eos_id] + tokenizer.encode(prompt, add_eos=False).ids
-    # a character model's <unk> is spelled as characters (zoo.tokenizer): the ids of that spelling, if it has them
-    spelled = [tokenizer.index[ch] for ch in UNK] if tokenizer.is_char and all(ch in tokenizer.index for ch in UNK) \
-        else []
+    context = prompt_context(tokenizer, prompt)
+    sampler = Sampler(tokenizer, params, context)
     reading = read_context_steps(runner, context[:-1], len(tokenizer), prompt_piece)
     if prompt_piece is None:
         state = run_steps(reading)
@@ -120,21 +151,27 @@ def sample_steps(runner, tokenizer: Tokenizer, prompt: str, params: SamplingPara
     token = torch.tensor([context[-1]], dtype=torch.long)
     for _ in range(params.max_new_tokens):
         logits, state = runner.step(token, state)
-        logits = logits[0].float()
-        if not params.allow_unk and tokenizer.unk_id is not None:
-            logits[tokenizer.unk_id] = float("-inf")
-        elif not params.allow_unk and spelled and context[len(context) - len(spelled) + 1:] == spelled[:-1]:
-            logits[spelled[-1]] = float("-inf")  # the last character of a spelled <unk>
-        if params.temperature == 0:
-            nxt = int(torch.argmax(logits))
-        else:
-            probs = torch.softmax(filter_logits(logits / params.temperature, params.top_k, params.top_p), -1)
-            nxt = int(torch.multinomial(probs, 1, generator=gen))
+        nxt = sampler.choose(logits[0].float())
         if params.stop_at_eos and nxt == tokenizer.eos_id:
             return
-        context.append(nxt)
         yield nxt
         token = torch.tensor([nxt], dtype=torch.long)
+
+
+class Detokenizer:
+    """Token ids to display pieces whose concatenation is the text: a word model puts a space before a word that
+    does not start the text or a line; ``<eos>`` is a line break, a character model's ``_`` a space."""
+
+    def __init__(self, tokenizer: Tokenizer, at_start: bool = True):
+        self.tokenizer = tokenizer
+        self.at_line_start = at_start
+
+    def piece(self, idx: int) -> str:
+        piece = self.tokenizer.token_text(idx)
+        if not self.tokenizer.is_char and piece != "\n" and not self.at_line_start:
+            piece = " " + piece
+        self.at_line_start = piece == "\n"
+        return piece
 
 
 def stream_text(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams) -> Iterator[str]:
@@ -145,14 +182,6 @@ def stream_text(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParam
 def stream_steps(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams,
                  prompt_piece: int | None = None) -> Iterator[str | None]:
     """:func:`stream_text` with :func:`sample_steps`' ``None`` after each piece of the prompt read."""
-    first, after_newline = True, False
+    pieces = Detokenizer(tokenizer)
     for idx in sample_steps(runner, tokenizer, prompt, params, prompt_piece):
-        if idx is None:
-            yield None
-            continue
-        piece = tokenizer.token_text(idx)
-        if not tokenizer.is_char and piece != "\n" and not first and not after_newline:
-            piece = " " + piece
-        after_newline = piece == "\n"
-        first = False
-        yield piece
+        yield None if idx is None else pieces.piece(idx)

@@ -22,9 +22,10 @@ other requests run for all of a long text's steps. Here:
   free; refusing costs the client one retry and never costs another client anything.
 
 Nothing here knows the wire format (the dialect): a front end parses a request into a
-:class:`~zoo.service.ScoreRequest` / :class:`~zoo.service.GenerateRequest`, :meth:`Scheduler.admit` s it under a
-key of its choice, calls :meth:`Scheduler.run`, and formats each :class:`Job`'s progress (new pieces, result or
-error) as it likes. Framework-free: no TorchServe imports.
+:class:`~zoo.service.ScoreRequest` / :class:`~zoo.service.GenerateRequest` (or an OpenAI-compatible
+:class:`~zoo.completions.CompletionRequest`, whose work is a :class:`~zoo.completions.CompletionRun`'s slices),
+:meth:`Scheduler.admit` s it under a key of its choice, calls :meth:`Scheduler.run`, and formats each
+:class:`Job`'s progress (new pieces, result or error) as it likes. Framework-free: no TorchServe imports.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from zoo.completions import CompletionRequest, CompletionRun
 from zoo.errors import ServerBusy, ZooError
 from zoo.service import GenerateRequest, Request, Service, error_status, generate_reply
 
@@ -49,8 +51,11 @@ STEP_POSITIONS = 16
 class Job:
     """One request's work in progress: a score request's steps (ending in its reply) or a generation's pieces."""
 
-    request: Request
+    request: Request | CompletionRequest
     steps: Iterator[Any]
+    #: the state a dialect formats progress from, where the pieces are not enough (an OpenAI-compatible
+    #: completion's :class:`~zoo.completions.CompletionRun`)
+    run: Any = None
     pieces: list[str] = field(default_factory=list)  # a generation's pieces so far
     fresh: list[str] = field(default_factory=list)  # ... those not yet taken by the front end (take_pieces)
     result: dict[str, Any] | None = None  # the reply, once done without error
@@ -60,7 +65,8 @@ class Job:
 
     @property
     def generates(self) -> bool:
-        return isinstance(self.request, GenerateRequest)
+        """Whether it holds a generation place (a completion that generates tokens does too)."""
+        return isinstance(self.request, GenerateRequest) or getattr(self.request, "max_tokens", 0) > 0
 
     @property
     def status(self) -> int:
@@ -76,8 +82,8 @@ class Job:
             out = next(self.steps)
         except StopIteration as finished:
             self.done = True
-            if self.generates:
-                self.result = generate_reply(self.request, self.pieces)  # type: ignore[arg-type]
+            if isinstance(self.request, GenerateRequest):
+                self.result = generate_reply(self.request, self.pieces)
             else:
                 self.result = finished.value
             return
@@ -114,16 +120,25 @@ class Scheduler:
         """Start ``request`` under ``key``, after its token budget is checked (raises
         :class:`~zoo.errors.RequestTooLarge`) and, for a generation, a free generation place (raises
         :class:`~zoo.errors.ServerBusy`). No model work happens here."""
+        if isinstance(request, CompletionRequest):  # its budgets were checked as it was parsed
+            self._place(request.max_tokens > 0)
+            run = CompletionRun(self.service.model, request)
+            job = self.jobs[key] = Job(request, run.steps(self.step_positions), run=run)
+            return job
         encodings = self.service.within_budget(request)
+        self._place(isinstance(request, GenerateRequest))
         if isinstance(request, GenerateRequest):
-            if self.generations() >= self.max_generations:
-                raise ServerBusy(f"all {self.max_generations} generation places of this model are in use; retry "
-                                 "shortly (scoring is not affected)")
             steps: Iterator[Any] = self.service.stream_steps(request, self.step_positions)
         else:
             steps = self.service.score_steps(request, self.step_positions, encodings)
         job = self.jobs[key] = Job(request, steps)
         return job
+
+    def _place(self, generates: bool) -> None:
+        """A generation needs a free generation place (:class:`~zoo.errors.ServerBusy` otherwise)."""
+        if generates and self.generations() >= self.max_generations:
+            raise ServerBusy(f"all {self.max_generations} generation places of this model are in use; retry "
+                             "shortly (scoring is not affected)")
 
     def forget(self, keys: Iterable[Hashable]) -> None:
         """Drop jobs (finished and answered, or whose client is gone: their work stops here)."""

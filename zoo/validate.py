@@ -27,7 +27,7 @@ def as_int(value: Any, field: str, lo: int, hi: int | None = None) -> int:
     value = int(value)
     if value < lo or (hi is not None and value > hi):
         bounds = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
-        raise InvalidRequest(field, f"must be an integer {bounds}, got {value}")
+        raise InvalidRequest(field, f"must be an integer {bounds}, got {_show(value)}")
     return value
 
 

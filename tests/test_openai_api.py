@@ -1,0 +1,186 @@
+"""The OpenAI-compatible API against the real server (front door + TorchServe + the zoo's handler), with the real
+clients: the official ``openai`` package and lm-evaluation-harness's ``local-completions`` model. One server for
+the module, started by ``zoo serve start`` on free loopback ports and stopped by PID at the end."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import REPO
+from tests.ports import free_ports
+from zoo.data import resolve_data_dir
+from zoo.pretrained import ZooModel, resolve_local
+from zoo.tools.serve import java_version, stop_server
+
+openai = pytest.importorskip("openai")
+
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.skipif((java_version() or 0) < 17, reason="TorchServe needs Java 17 (make system-deps)"),
+]
+
+NAME = "default"
+TEXTS = ["the company said it expects sales to rise", "mr. smith was n't available\nthe stock fell N %"]
+
+
+class Server:
+    def __init__(self, run_dir: Path, port: int):
+        self.run_dir = run_dir
+        self.base = f"http://127.0.0.1:{port}"
+        keys = json.loads((run_dir / "key_file.json").read_text())
+        self.key = keys["inference"]["key"]
+        self.client = openai.OpenAI(base_url=f"{self.base}/v1", api_key=self.key, max_retries=0, timeout=60)
+        self.http = requests.Session()
+        self.http.trust_env = False
+        self.model = ZooModel.from_pretrained(resolve_local(NAME)[0])
+
+    def post(self, path: str, body: bytes | dict, key: str | None = None, **headers: str) -> requests.Response:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key or self.key}", **headers}
+        return self.http.post(self.base + path, data=data, headers=headers, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Server:
+    run_dir, ports = tmp_path_factory.mktemp("openai") / "run", free_ports(4, avoid=(8080, 8081, 8082))
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo.cli", "serve", "start", NAME, "--run-dir", str(run_dir),
+         "--inference-port", str(ports[0]), "--management-port", str(ports[1]), "--metrics-port", str(ports[2]),
+         "--worker-port", str(ports[3]), "--threads", "1", "--timeout", "150"],
+        capture_output=True, text=True, timeout=200, cwd=REPO)
+    try:
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        yield Server(run_dir, ports[0])
+    finally:
+        stop_server(run_dir)
+
+
+def test_echoed_logprobs_through_the_openai_client_equal_zoo_score(server):
+    for text in TEXTS:
+        r = server.client.completions.create(model=NAME, prompt=text, max_tokens=0, echo=True, logprobs=1)
+        choice = r.choices[0]
+        assert choice.text == text and r.object == "text_completion" and r.model == NAME
+        nll = server.model.score(text).texts[0]["nll"]
+        assert math.isclose(-sum(choice.logprobs.token_logprobs), nll, rel_tol=1e-6)
+        assert r.usage.prompt_tokens == len(choice.logprobs.tokens) and r.usage.completion_tokens == 0
+
+
+def test_plain_and_streamed_completions_agree_and_equal_the_native_route(server):
+    for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 42}):
+        r = server.client.completions.create(model=NAME, prompt="the market", max_tokens=12, **sampling)
+        text = r.choices[0].text
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 12
+        stream = server.client.completions.create(model=NAME, prompt="the market", max_tokens=12, stream=True,
+                                                  **sampling)
+        assert "".join(chunk.choices[0].text for chunk in stream) == text
+        native = server.post(f"/predictions/{NAME}", {"task": "generate", "prompt": "the market",
+                                                      "max_new_tokens": 12, **sampling})
+        assert native.status_code == 200, native.text
+        assert text == " " + native.json()["text"]  # the OpenAI text reads on from the prompt: one leading space
+
+
+def test_stop_sequence_and_several_prompts(server):
+    r = server.client.completions.create(model=NAME, prompt=["the market", "the company"], max_tokens=20, seed=1,
+                                         temperature=1.0, stop=["\n"])
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all("\n" not in c.text for c in r.choices)
+
+
+def test_models_are_listed_with_the_zoos_facts(server):
+    models = server.client.models.list()
+    ids = [m.id for m in models.data]
+    assert ids == [NAME]
+    raw = server.http.get(f"{server.base}/v1/models", headers={"Authorization": f"Bearer {server.key}"},
+                          timeout=30).json()
+    assert raw["object"] == "list" and raw["data"][0]["object"] == "model"
+
+
+def test_a_wrong_or_missing_key_is_401_in_openai_shape(server):
+    bad = openai.OpenAI(base_url=f"{server.base}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        bad.completions.create(model=NAME, prompt="the", max_tokens=1)
+    assert info.value.status_code == 401
+    r = server.http.post(f"{server.base}/v1/completions", json={"model": NAME, "prompt": "x"}, timeout=30)
+    assert r.status_code == 401 and set(r.json()["error"]) >= {"message", "type", "code"}
+    assert r.headers.get("WWW-Authenticate", "").startswith("Bearer")
+
+
+BAD_BODIES: list[tuple[str, bytes | dict, int]] = [
+    ("unknown model", {"model": "nope", "prompt": "x"}, 404),
+    ("missing model", {"prompt": "x"}, 400),
+    ("model not a string", {"model": 5, "prompt": "x"}, 400),
+    ("missing prompt", {"model": NAME}, 400),
+    ("prompt a number", {"model": NAME, "prompt": 3}, 400),
+    ("token id out of range", {"model": NAME, "prompt": [1, 10**9]}, 400),
+    ("max_tokens huge", {"model": NAME, "prompt": "x", "max_tokens": 10**30}, 400),
+    ("max_tokens a string", {"model": NAME, "prompt": "x", "max_tokens": "5"}, 400),
+    ("logprobs over the cap", {"model": NAME, "prompt": "x", "logprobs": 1000}, 400),
+    ("temperature negative", {"model": NAME, "prompt": "x", "temperature": -1}, 400),
+    ("top_p zero", {"model": NAME, "prompt": "x", "top_p": 0}, 400),
+    ("seed negative", {"model": NAME, "prompt": "x", "seed": -5}, 400),
+    ("n above 1", {"model": NAME, "prompt": "x", "n": 3}, 400),
+    ("stop not strings", {"model": NAME, "prompt": "x", "stop": [1, 2]}, 400),
+    ("lone surrogate", b'{"model": "default", "prompt": "a\\ud800b"}', 400),
+    ("not JSON", b"{not json", 400),
+    ("a JSON list", b"[1, 2]", 400),
+    ("NaN literal", b'{"model": "default", "prompt": "x", "temperature": NaN}', 400),
+    ("deep nesting", b'{"model": "default", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400),
+    ("too many tokens", {"model": NAME, "prompt": "the " * 2500, "max_tokens": 0, "echo": True}, 413),
+]
+
+
+@pytest.mark.parametrize(("what", "body", "status"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_requests_get_a_4xx_in_openai_shape(server, what, body, status):
+    r = server.post("/v1/completions", body)
+    assert r.status_code == status, (what, r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and len(err["message"]) < 400
+
+
+def test_wrong_methods_and_paths_are_4xx_json(server):
+    headers = {"Authorization": f"Bearer {server.key}"}
+    for method, path in (("GET", "/v1/completions"), ("PUT", "/v1/completions"), ("DELETE", "/v1/completions"),
+                         ("POST", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/v1/nothing")):
+        r = server.http.request(method, server.base + path, headers=headers, json={"model": NAME}, timeout=30)
+        assert 400 <= r.status_code < 500, (method, path, r.status_code)
+        assert "error" in r.json()
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tmp_path_factory, server) -> Path:
+    """The served model's tokenizer as transformers reads it (tokenizer.json + a tokenizer_config.json naming
+    ``<eos>``): what lm-eval's ``huggingface`` tokenizer backend loads to count context tokens."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    folder.joinpath("tokenizer.json").write_text(json.dumps(server.model.tokenizer.to_hf_json()), encoding="utf-8")
+    folder.joinpath("tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>", "unk_token": "<unk>"}))
+    return folder
+
+
+@pytest.mark.slow
+def test_lm_eval_local_completions_reproduces_the_zoos_numbers(server, hf_tokenizer, tmp_path):
+    """`lm_eval --model local-completions` against the server, on the first lines of PTB's test split (a document
+    per line, each scored from a zero state): the word perplexity is the zoo's score of the same lines."""
+    pytest.importorskip("tenacity")
+    tasks = subprocess.run([sys.executable, "-m", "zoo.lm_eval_plugin", "--tasks-dir"], capture_output=True,
+                           text=True, cwd=REPO, timeout=120, check=True).stdout.strip()
+    args = (f"model={NAME},base_url={server.base}/v1/completions,tokenizer={hf_tokenizer},"
+            "tokenizer_backend=huggingface,add_bos_token=True,max_length=4096,num_concurrent=1,max_retries=1")
+    env = dict(os.environ, OPENAI_API_KEY=server.key, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([str(Path(sys.executable).parent / "lm_eval"), "--include_path", tasks, "--model",
+                           "local-completions", "--model_args", args, "--tasks", "zoo_ptb_test_lines", "--limit", "12",
+                           "--output_path", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = glob.glob(str(tmp_path / "**" / "results_*.json"), recursive=True)
+    got = json.loads(Path(files[0]).read_text())["results"]["zoo_ptb_test_lines"]["word_perplexity,none"]
+    lines = [ln for ln in (resolve_data_dir() / "ptb" / "test.txt").read_text().split("\n") if ln.strip()]
+    assert got == pytest.approx(server.model.score(lines[:12]).corpus["ppl"], rel=1e-5)

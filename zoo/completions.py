@@ -1,0 +1,479 @@
+"""OpenAI-compatible completions (``POST /v1/completions``) on the zoo's own scoring and sampling.
+
+Why: the de-facto API of language-model servers (vLLM, TGI, llama.cpp) is OpenAI's completions API, and the
+clients researchers already use speak it: the ``openai`` package, lm-evaluation-harness's ``local-completions``
+model (``echo: true, logprobs: 1`` to score a text). This module is that dialect over the same model, sampling rule
+(:class:`zoo.generation.Sampler`) and limits (:class:`zoo.service.Limits`) as the native route: no second engine.
+
+How a prompt is conditioned (the zoo's scoring protocol, :mod:`zoo.scoring`):
+
+* A **text** prompt is one or more lines, each ending with ``<eos>`` as in the corpora, its first token
+  conditioned on one ``<eos>`` (the start of a sentence) from a zero state. So *every* token of a text prompt has a
+  log-probability (none is ``null``) and, with ``max_tokens: 0``, their sum is ``zoo score``'s NLL of that text.
+  When tokens are generated (``max_tokens`` > 0) the prompt's last line is left open (no final ``<eos>``), as
+  ``zoo generate`` reads it, so the completion continues that line.
+* A **token-id** prompt (a list of integers) is taken literally: its first id is the context, with no
+  log-probability (``null``, as OpenAI servers report it), and each later id is conditioned on the ids before it
+  from a zero state. lm-evaluation-harness sends ``[<eos>, t1, ..., tn]``, which is exactly the text protocol.
+* ``tokens`` (and the keys of ``top_logprobs``) are the model's vocabulary symbols (``the``, ``<eos>``, ``N``,
+  ``<unk>``): unique, unlike display text. ``text_offset`` is where each token's text starts in ``choices[i].text``
+  (for a text prompt, in the NFC form of the prompt, which is the prompt itself for NFC text); ``<eos>`` sits at
+  the line break it stands for, and a token the normalisation inserted (a character model's ``_``) at the next
+  character. Log-probabilities are natural logs of the model's own distribution (before temperature, top-p and the
+  ``<unk>`` rules), float32 softmax, reported as floats.
+* Generated text is the native route's ``text``, with one space in front for a word model when the prompt is
+  non-empty and does not end in white space (so ``prompt + text`` reads as words, as ``echo`` shows it).
+
+Work is done in slices (:meth:`CompletionRun.steps`: at most ``positions`` prompt tokens or one generated
+token each), so a server can interleave a long request with other requests' work.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import unicodedata
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from zoo.errors import InvalidRequest, RequestTooLarge, ZooError
+from zoo.generation import MAX_TEMPERATURE, Detokenizer, Sampler, SamplingParams, prompt_context
+from zoo.tokenizer import EOS, Tokenizer
+from zoo.validate import as_bool, as_float, as_int, check_text, json_type, surrogate_position
+
+#: The most alternatives per token ``logprobs`` may ask for (OpenAI's own cap is 5; vLLM's default 20).
+MAX_LOGPROBS = 20
+#: Stop sequences per request (OpenAI's cap) and their longest length in characters.
+MAX_STOP, MAX_STOP_CHARS = 4, 100
+#: Prompt tokens run per slice of work (one slice: at most this many tokens through the model).
+PROMPT_SLICE = 128
+#: Fields of OpenAI's completions schema the zoo does not implement, with the one value each that is accepted.
+NEUTRAL_FIELDS: dict[str, Any] = {"best_of": 1, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
+                                  "suffix": None}
+OPENAI_DEFAULT_MAX_TOKENS = 16
+
+
+class ModelNotServed(ZooError, LookupError):
+    """The request names a model this server does not serve (OpenAI's 404 ``model_not_found``)."""
+
+    status = 404
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: a text, or token ids taken literally (``text`` is then None)."""
+
+    text: str | None = None
+    ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompts: tuple[Prompt, ...]
+    max_tokens: int
+    echo: bool
+    logprobs: int | None
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    warnings: tuple[str, ...] = ()
+    task: str = field(default="completion", init=False)
+
+
+# -- parsing ---------------------------------------------------------------------------------------------------
+def _prompts(raw: Any, vocab_size: int, limits: Any) -> tuple[list[Prompt], list[str]]:
+    """``prompt``: a string, a list of strings, a list of token ids or a list of such lists."""
+    if isinstance(raw, str):
+        items: list[Any] = [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):  # bools: refused per id below
+        items = [raw]
+    elif isinstance(raw, list) and raw:
+        items = raw
+    else:
+        what = "an empty list" if isinstance(raw, list) else json_type(raw)
+        raise InvalidRequest("prompt", f"must be a string, a list of strings or a list of token ids, got {what}")
+    if len(items) > limits.max_texts:
+        raise InvalidRequest("prompt", f"has {len(items)} prompts; the limit is {limits.max_texts} per request")
+    prompts, warnings = [], []
+    for i, item in enumerate(items):
+        name = "prompt" if len(items) == 1 else f"prompt[{i}]"
+        if isinstance(item, str):
+            text, warns = check_text(item, name, limits.max_chars, allow_empty=True, truncate=limits.truncate)
+            prompts.append(Prompt(text=text))
+            warnings += warns
+            continue
+        if not isinstance(item, list) or not item:
+            raise InvalidRequest(name, f"must be a string or a non-empty list of token ids, got {json_type(item)}")
+        if len(item) > limits.max_total_tokens:
+            raise RequestTooLarge(name, f"has {len(item):,} token ids; the limit is {limits.max_total_tokens:,} "
+                                       "per request")
+        ids = tuple(as_int(t, f"{name}[{k}]", 0, vocab_size - 1) for k, t in enumerate(item))
+        prompts.append(Prompt(ids=ids))
+    total = sum(len(p.text) for p in prompts if p.text is not None)
+    if total > limits.max_total_chars:
+        raise InvalidRequest("prompt", f"has {total:,} characters in all; the limit is {limits.max_total_chars:,} "
+                                       "per request")
+    return prompts, warnings
+
+
+def _stop(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or len(items) > MAX_STOP:
+        raise InvalidRequest("stop", f"must be a string or a list of at most {MAX_STOP} strings")
+    out = []
+    for i, s in enumerate(items):  # white space is a fine stop sequence ("\n"): not check_text's rules
+        if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS or surrogate_position(s) is not None:
+            raise InvalidRequest(f"stop[{i}]", f"must be a non-empty string of at most {MAX_STOP_CHARS} characters "
+                                               "(valid Unicode)")
+        out.append(s)
+    return tuple(out)
+
+
+def _neutral(payload: Mapping[str, Any]) -> None:
+    """OpenAI fields the zoo does not implement: accepted at their neutral value, refused otherwise."""
+    for key, neutral in NEUTRAL_FIELDS.items():
+        value = payload.get(key)
+        if value is not None and value != neutral:
+            raise InvalidRequest(key, f"is not supported by this server (only {neutral!r} is accepted)")
+    n = payload.get("n")
+    if n is not None and as_int(n, "n", 1) != 1:
+        raise InvalidRequest("n", "must be 1 here (send the request again, with another seed, for more choices)")
+
+
+def parse_completion(payload: Any, tokenizer: Tokenizer, limits: Any, served: str | None = None
+                     ) -> CompletionRequest:
+    """A decoded JSON body -> a validated :class:`CompletionRequest` (unknown fields are ignored, as OpenAI does;
+    wrong types and ranges raise :class:`InvalidRequest` naming the field, over-budget requests
+    :class:`~zoo.errors.RequestTooLarge`, a model not served here :class:`ModelNotServed`)."""
+    if not isinstance(payload, Mapping):
+        raise InvalidRequest("body", f"expected a JSON object, got {json_type(payload)}")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model", "is missing: name a served model (GET /v1/models lists them)")
+    if served is not None and model != served:
+        raise ModelNotServed(f"the model {model[:64]!r} is not served here (GET /v1/models lists them)")
+    if "prompt" not in payload:
+        raise InvalidRequest("prompt", "is missing")
+    prompts, warnings = _prompts(payload["prompt"], len(tokenizer), limits)
+    _neutral(payload)
+
+    def opt(key: str, default: Any) -> Any:
+        return default if payload.get(key) is None else payload[key]
+
+    max_tokens = as_int(opt("max_tokens", min(OPENAI_DEFAULT_MAX_TOKENS, limits.max_new_tokens)), "max_tokens", 0,
+                        limits.max_new_tokens)
+    logprobs = payload.get("logprobs")
+    if logprobs is not None:
+        logprobs = as_int(logprobs, "logprobs", 0, MAX_LOGPROBS)
+    temperature = as_float(opt("temperature", 1.0), "temperature", 0.0, min(MAX_TEMPERATURE, limits.max_temperature))
+    sampling = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=opt("top_p", 1.0),
+                              seed=payload.get("seed"))
+    options = opt("stream_options", {})
+    if not isinstance(options, Mapping):
+        raise InvalidRequest("stream_options", f"must be an object, got {json_type(options)}")
+    request = CompletionRequest(
+        model=model, prompts=tuple(prompts), max_tokens=max_tokens, echo=as_bool(opt("echo", False), "echo"),
+        logprobs=logprobs, sampling=sampling, stop=_stop(payload.get("stop")),
+        stream=as_bool(opt("stream", False), "stream"),
+        include_usage=as_bool(options.get("include_usage") or False, "stream_options.include_usage"),
+        warnings=tuple(warnings))
+    if any(p.text == "" for p in request.prompts) and max_tokens == 0 and request.echo:
+        raise InvalidRequest("prompt", "is empty and nothing is generated: there is nothing to score")
+    check_budget(request, tokenizer, limits)
+    return request
+
+
+def check_budget(request: CompletionRequest, tokenizer: Tokenizer, limits: Any) -> tuple[int, int]:
+    """Refuse, before any model work, a request over the deployment's token budgets (as the native route's):
+    its prompt tokens (all prompts, after tokenisation) against ``max_total_tokens``, what it reads as a score
+    request does, and the tokens it may generate (prompts x ``max_tokens``) against ``max_generate_tokens``, each
+    one a step of the model. Returns both counts."""
+    prompt = sum(len(_context(p, tokenizer, request.max_tokens)[1]) for p in request.prompts)
+    if prompt > limits.max_total_tokens:
+        raise RequestTooLarge("prompt", f"is {prompt:,} tokens for this model; the limit is "
+                                        f"{limits.max_total_tokens:,} per request")
+    generated = request.max_tokens * len(request.prompts)
+    if generated > limits.max_generate_tokens:
+        raise RequestTooLarge("max_tokens", f"{request.max_tokens:,} for each of {len(request.prompts)} prompt(s) is "
+                                            f"{generated:,} tokens; the limit is {limits.max_generate_tokens:,} "
+                                            "per request")
+    return prompt, generated
+
+
+# -- running ---------------------------------------------------------------------------------------------------
+def _context(prompt: Prompt, tokenizer: Tokenizer, max_tokens: int) -> tuple[list[int], list[int], Any]:
+    """``(context ids, echoed ids, encoding or None)``: what the model reads, and which of it is reported."""
+    if prompt.text is None:
+        return list(prompt.ids), list(prompt.ids), None
+    if max_tokens > 0:
+        ctx = prompt_context(tokenizer, prompt.text)
+        return ctx, ctx[1:], tokenizer.encode(prompt.text, add_eos=False)
+    enc = tokenizer.encode(prompt.text)
+    return [tokenizer.eos_id] + enc.ids, enc.ids, enc
+
+
+def text_offsets(text: str, tokens: Sequence[str], sources: Sequence[str]) -> list[int]:
+    """Where each token of a text prompt starts in ``text`` (see the module docstring), from the sources the
+    tokenizer kept: each line is searched left to right, in its NFC form (the tokenizer's)."""
+    lines = text.split("\n")
+    out, line_no, start, pos = [], 0, 0, 0
+    line = unicodedata.normalize("NFC", lines[0])
+    for tok, src in zip(tokens, sources, strict=True):
+        if tok == EOS and not src:
+            out.append(min(start + len(line), len(text)))
+            start += len(lines[line_no]) + 1
+            line_no += 1
+            line, pos = (unicodedata.normalize("NFC", lines[line_no]) if line_no < len(lines) else ""), 0
+            continue
+        found = line.find(src, pos) if src else -1
+        if found >= 0:
+            pos = found
+        out.append(min(start + pos, len(text)))
+        if found >= 0:
+            pos += len(src)
+    return out
+
+
+@dataclass
+class Choice:
+    """One choice being built: its text, the reported tokens and where the stream has got to."""
+
+    index: int
+    text: str = ""
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finished: bool = False
+    sent: int = 0  # characters of ``text`` already streamed
+    sent_tokens: int = 0
+    closed: bool = False  # its last chunk was streamed
+
+    def logprobs(self, since: int = 0) -> dict[str, Any]:
+        return {"tokens": self.tokens[since:], "token_logprobs": self.token_logprobs[since:],
+                "top_logprobs": self.top_logprobs[since:], "text_offset": self.text_offset[since:]}
+
+
+class CompletionRun:
+    """A completion request being computed on one model, a slice of work per :meth:`advance`.
+
+    Non-streamed: :meth:`reply` once :attr:`done`. Streamed: each :meth:`advance` returns the server-sent events
+    it produced (``data: {...}`` chunks, at the end ``data: [DONE]``)."""
+
+    def __init__(self, model: Any, request: CompletionRequest, created: int | None = None):
+        self.model, self.request = model, request
+        self.id = "cmpl-" + secrets.token_hex(12)
+        self.created = int(time.time()) if created is None else created
+        self.choices = [Choice(i) for i in range(len(request.prompts))]
+        self.done = False
+        self.positions = PROMPT_SLICE
+        self._work: Iterator[None] | None = None
+
+    # the work ------------------------------------------------------------------------------------------------
+    def steps(self, positions: int = PROMPT_SLICE) -> Iterator[None]:
+        """The work, one slice per item (for a scheduler: at most ``positions`` prompt tokens or one generated
+        token each); returns the whole reply."""
+        self.positions = max(1, int(positions))
+        for choice, prompt in zip(self.choices, self.request.prompts, strict=True):
+            yield from self._one(choice, prompt)
+            choice.finished = True
+        self.done = True
+        return self.reply()
+
+    def advance(self) -> bytes:
+        """One slice of work; the events it produced when streamed (else ``b""``)."""
+        if self._work is None:
+            self._work = self.steps()
+        try:
+            next(self._work)
+        except StopIteration:
+            pass
+        return self.events() if self.request.stream else b""
+
+    @torch.no_grad()
+    def _one(self, choice: Choice, prompt: Prompt) -> Iterator[None]:
+        """One prompt: its context read in slices (each reported when asked), then its tokens generated."""
+        req, runner = self.request, self.model.runner
+        ctx, echoed, enc = _context(prompt, self.model.tokenizer, req.max_tokens)
+        choice.prompt_tokens = len(echoed)
+        report = req.echo and req.logprobs is not None
+        if prompt.text is None and report:  # a literal first id has no context
+            self._add(choice, ctx[0], None, None)
+        state = runner.init_state(1)
+        if req.max_tokens > 0 or report:  # the model reads ctx[:-1]; the last id is the first step's input
+            for start in range(0, len(ctx) - 1, self.positions):
+                piece = ctx[start:min(start + self.positions, len(ctx) - 1)]
+                logits, state = runner.forward(torch.tensor([piece], dtype=torch.long), state)
+                if report:
+                    self._report(choice, logits[0], ctx[start + 1:start + 1 + len(piece)])
+                yield
+        if req.echo:
+            self._echo_text(choice, prompt, echoed, enc)
+        yield from self._generate(choice, prompt, ctx, state)
+
+    def _report(self, choice: Choice, logits: torch.Tensor, targets: list[int]) -> None:
+        """Each target's log-probability and the top alternatives at its position, from one float32 softmax (so a
+        target that is the most likely token equals its entry in ``top_logprobs`` exactly)."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        k = self.request.logprobs or 0
+        top = torch.topk(logp, k, dim=-1) if k else None
+        for t, target in enumerate(targets):
+            alts = {self.model.tokenizer.vocab[int(i)]: float(v)
+                    for v, i in zip(top.values[t].tolist(), top.indices[t].tolist(), strict=True)} if top else {}
+            self._add(choice, target, float(logp[t, target]), alts)
+
+    def _add(self, choice: Choice, idx: int, logprob: float | None, alts: dict[str, float] | None) -> None:
+        choice.tokens.append(self.model.tokenizer.vocab[idx])
+        choice.token_logprobs.append(logprob)
+        choice.top_logprobs.append(alts)
+
+    def _echo_text(self, choice: Choice, prompt: Prompt, echoed: list[int], enc: Any) -> None:
+        """The prompt as text, and its tokens' offsets when they are reported."""
+        if prompt.text is not None:
+            choice.text = prompt.text
+            offsets = text_offsets(prompt.text, enc.tokens + [EOS] * (len(echoed) - len(enc.tokens)),
+                                   enc.sources + [""] * (len(echoed) - len(enc.tokens)))
+        else:
+            pieces = Detokenizer(self.model.tokenizer)
+            offsets = []
+            for idx in echoed:
+                offsets.append(len(choice.text))
+                choice.text += pieces.piece(idx)
+        if self.request.logprobs is not None:
+            choice.text_offset = offsets
+
+    def _generate(self, choice: Choice, prompt: Prompt, ctx: list[int], state: Any) -> Iterator[None]:
+        req, tok, runner = self.request, self.model.tokenizer, self.model.runner
+        choice.finish_reason = "length"
+        if req.max_tokens == 0:
+            return
+        sampler = Sampler(tok, req.sampling, list(ctx))
+        pieces = Detokenizer(tok)
+        shown = prompt.text if prompt.text is not None else "".join(map(Detokenizer(tok).piece, prompt.ids))
+        lead = " " if (not tok.is_char and shown and not shown[-1].isspace()) else ""
+        generated = ""
+        token = torch.tensor([ctx[-1]], dtype=torch.long)
+        base = len(choice.text)
+        for _ in range(req.max_tokens):
+            logits, state = runner.step(token, state)
+            row = logits[0].float()
+            nxt = sampler.choose(row)
+            piece = pieces.piece(nxt)
+            if not generated and piece != "\n":
+                piece = lead + piece
+            offset = base + len(generated)
+            generated += piece
+            choice.completion_tokens += 1
+            if req.logprobs is not None:
+                self._report(choice, row[None], [nxt])
+                choice.text_offset.append(offset)
+            cut = _stop_at(generated, req.stop)
+            if cut is not None:
+                choice.text = choice.text[:base] + generated[:cut]
+                choice.finish_reason = "stop"
+                self._trim(choice, base + cut)
+                return
+            choice.text = choice.text[:base] + generated
+            token = torch.tensor([nxt], dtype=torch.long)
+            yield
+
+    @staticmethod
+    def _trim(choice: Choice, end: int) -> None:
+        """Drop the reported tokens that start at or after a stop sequence (they are not in the text)."""
+        keep = sum(1 for o in choice.text_offset if o < end) if choice.text_offset else len(choice.tokens)
+        if choice.text_offset:
+            del choice.tokens[keep:], choice.token_logprobs[keep:], choice.top_logprobs[keep:]
+            del choice.text_offset[keep:]
+
+    # the reply -----------------------------------------------------------------------------------------------
+    def _head(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.request.model}
+
+    def usage(self) -> dict[str, int]:
+        p = sum(c.prompt_tokens for c in self.choices)
+        c = sum(c.completion_tokens for c in self.choices)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def reply(self) -> dict[str, Any]:
+        """The whole (non-streamed) reply in OpenAI's shape."""
+        want = self.request.logprobs is not None
+        choices = [{"index": c.index, "text": c.text, "logprobs": c.logprobs() if want else None,
+                    "finish_reason": c.finish_reason} for c in self.choices]
+        out = {**self._head(), "choices": choices, "usage": self.usage()}
+        if self.request.warnings:
+            out["warnings"] = list(self.request.warnings)
+        return out
+
+    def events(self) -> bytes:
+        """What the stream has not sent yet: each choice's new text (a tail that could still become a stop sequence
+        is held back until it cannot) with its tokens' log-probabilities, its finish, then usage and ``[DONE]``."""
+        out, want = [], self.request.logprobs is not None
+        for c in self.choices:
+            if c.closed:
+                continue
+            end = len(c.text) if c.finished else _safe_end(c.text, c.sent, self.request.stop)
+            n_tok = len(c.tokens) if c.finished else sum(1 for o in c.text_offset if o < end)
+            if end > c.sent or c.finished:
+                logprobs = {k: v[: n_tok - c.sent_tokens] for k, v in c.logprobs(c.sent_tokens).items()}
+                chunk = {"index": c.index, "text": c.text[c.sent:end], "logprobs": logprobs if want else None,
+                         "finish_reason": c.finish_reason if c.finished else None}
+                out.append(_sse({**self._head(), "choices": [chunk]}))
+                c.sent, c.sent_tokens, c.closed = end, n_tok, c.finished
+        if self.done:
+            if self.request.include_usage:
+                out.append(_sse({**self._head(), "choices": [], "usage": self.usage()}))
+            out.append(b"data: [DONE]\n\n")
+        return b"".join(out)
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    from zoo.service import to_json  # the one JSON encoder (NaN -> null)
+
+    return b"data: " + to_json(obj) + b"\n\n"
+
+
+def _stop_at(text: str, stops: Sequence[str]) -> int | None:
+    """Where the first stop sequence starts in the generated text, if one occurs."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _safe_end(text: str, sent: int, stops: Sequence[str]) -> int:
+    """How much of ``text`` can be streamed now: all but a tail that could still become a stop sequence."""
+    end = len(text)
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if s.startswith(text[len(text) - k:]):
+                end = min(end, len(text) - k)
+                break
+    return max(end, sent)
+
+
+# -- errors ----------------------------------------------------------------------------------------------------
+def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_of(err: Exception) -> tuple[int, dict[str, Any]]:
+    """The status and OpenAI-shaped body of a request's error."""
+    if isinstance(err, ModelNotServed):
+        return 404, openai_error(404, str(err), "model", "model_not_found")
+    if isinstance(err, RequestTooLarge):
+        return 413, openai_error(413, err.message, err.field, "request_too_large")
+    if isinstance(err, InvalidRequest):
+        return 400, openai_error(400, err.message, err.field, "invalid_value")
+    if isinstance(err, ZooError):
+        return 400, openai_error(400, str(err), None, "invalid_value")
+    return 500, openai_error(500, "the completion failed; see the server's model log", None, "internal_error")
