@@ -741,6 +741,7 @@ def cmd_refresh_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Exit 0 only when every part of the server is up: 1 when it is not running or a part is down (named)."""
     info = server_status(run_dir_of(args.run_dir))
     if args.json:
         print(json.dumps(info, indent=2))
@@ -750,7 +751,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {name}: " + ", ".join(f"worker pid {w['pid']} {w['status']}" for w in workers))
     else:
         print(f"not running (run dir {info['run_dir']})")
-    return 0 if info["running"] else 1
+    if not args.json:
+        for part in info.get("down", []):
+            print(f"  DOWN  {part}")
+    return 0 if info["running"] and not info.get("down") else 1
 
 
 def _archive_args(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,141 @@
+"""Supervision of a real server (HAProxy + TorchServe's Java frontend + a Python worker): each part killed with
+SIGKILL under load; ``zoo serve status`` names the part that is down and exits non-zero, ``zoo serve stop`` ends
+every process of that server (orphaned workers included) and frees every port, and ``start`` then works on the
+same ports. The served model is a tiny random aLSTM (fast to load)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from tests.ports import free_ports
+from tests.test_serving import _random_tiny_checkpoint
+from zoo.cli import main as cli_main
+from zoo.tools import supervise
+from zoo.tools.serve import ServerConfig, java_version, read_keys, server_status, start_server, stop_server
+
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.skipif((java_version() or 0) < 17, reason="TorchServe needs Java 17 (make system-deps)"),
+]
+
+
+def _config(ports: list[int]) -> ServerConfig:
+    return ServerConfig(inference_port=ports[0], management_port=ports[1], metrics_port=ports[2],
+                        worker_port=ports[3], grpc_inference_port=ports[4], grpc_management_port=ports[5],
+                        client_timeout=3)
+
+
+class Load:
+    """Clients scoring back to back while a part is killed (what they get is recorded, not asserted: a request
+    caught by the kill may fail; the point is what the server says and does afterwards)."""
+
+    def __init__(self, url: str, key: str):
+        self.url, self.key, self.stop, self.replies = url, key, threading.Event(), []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
+
+    def _run(self) -> None:
+        http = requests.Session()
+        http.trust_env = False
+        while not self.stop.is_set():
+            try:
+                r = http.post(self.url, json={"texts": ["the cat sat"]}, timeout=10,
+                              headers={"Authorization": f"Bearer {self.key}"})
+                self.replies.append((r.status_code, r.headers.get("Content-Type"), r.content[:300]))
+            except requests.RequestException as e:
+                self.replies.append((-1, None, type(e).__name__.encode()))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=15)
+
+
+def _status(capsys, run_dir: Path) -> tuple[int, str]:
+    capsys.readouterr()
+    code = cli_main(["serve", "status", "--run-dir", str(run_dir)])
+    return code, capsys.readouterr().out
+
+
+def _pids(run_dir: Path) -> list[int]:
+    return [p.pid for p in supervise.members(json.loads((run_dir / "server.json").read_text()))]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return _random_tiny_checkpoint(tmp_path_factory.mktemp("supervision") / "tiny")
+
+
+@pytest.mark.parametrize("part", ["front door", "TorchServe frontend"])
+def test_a_killed_part_is_named_and_stop_frees_every_port(part, tiny, tmp_path, capsys):
+    run_dir, ports = tmp_path / "run", free_ports(6, avoid=(8080, 8081, 8082))
+    start_server([("tiny", str(tiny))], run_dir, _config(ports), timeout=150)
+    try:
+        state = json.loads((run_dir / "server.json").read_text())
+        url = f"{state['inference']}/predictions/tiny"
+        key = read_keys(run_dir)["inference"]
+        pids = _pids(run_dir)
+        assert len(pids) >= 3 and state["processes"][part]["pid"] in pids  # proxy, Java, worker
+        with Load(url, key) as load:
+            psutil.Process(state["processes"][part]["pid"]).kill()
+            time.sleep(2)
+        assert load.replies
+        code, out = _status(capsys, run_dir)
+        assert code != 0 and f"DOWN  {part}" in out, out
+        info = server_status(run_dir)
+        assert part in info["down"]
+        if part == "TorchServe frontend":  # the proxy answers in JSON, its code the status, with Retry-After
+            r = requests.post(url, json={"texts": ["a"]}, headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                              proxies={"http": "", "https": ""})
+            assert r.status_code in (502, 503) and r.json()["code"] == r.status_code and "Retry-After" in r.headers
+            assert any(psutil.pid_exists(p) for p in pids)  # the worker, orphaned, still holds its group
+        stop_server(run_dir)
+        assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert all(supervise.port_free("127.0.0.1", p) for p in ports[:3] + ports[4:6]), ports
+        assert _status(capsys, run_dir)[0] == 1
+        # and a new server starts on the same ports
+        start_server([("tiny", str(tiny))], run_dir, _config(ports), timeout=150)
+        r = requests.post(url, json={"texts": ["the cat"]}, timeout=30, proxies={"http": "", "https": ""},
+                          headers={"Authorization": f"Bearer {read_keys(run_dir)['inference']}"})
+        assert r.status_code == 200, r.text
+        assert _status(capsys, run_dir)[0] == 0
+    finally:
+        stop_server(run_dir)
+
+
+def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
+    """TorchServe restarts a dead worker; meanwhile status never reports the dead PID as READY."""
+    run_dir, ports = tmp_path / "run", free_ports(6, avoid=(8080, 8081, 8082))
+    start_server([("tiny", str(tiny))], run_dir, _config(ports), timeout=150)
+    try:
+        old = server_status(run_dir)["models"]["tiny"][0]["pid"]
+        key = read_keys(run_dir)["inference"]
+        with Load(f"http://127.0.0.1:{ports[0]}/predictions/tiny", key):
+            psutil.Process(old).kill()
+            time.sleep(1)
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                info = server_status(run_dir)
+                workers = info["models"]["tiny"]
+                assert not any(w["pid"] == old and w["status"] == "READY" for w in workers), workers
+                if any(w["status"] == "READY" for w in workers):
+                    break
+                assert "model tiny: no READY worker" in info["down"], info["down"]
+                time.sleep(0.5)
+            else:
+                pytest.fail("no new READY worker within 90 s")
+        assert _status(capsys, run_dir)[0] == 0
+    finally:
+        stop_server(run_dir)
