@@ -998,8 +998,9 @@ def test_front_door_config_is_valid_haproxy_for_any_run_dir(tmp_path):
     (run_dir / "logs").mkdir(parents=True)
     sock_dir = tmp_path / "sock"
     sock_dir.mkdir()
-    cfg = ServerConfig(inference_port=_ports(1)[0], models={"tiny": str(_random_tiny_checkpoint(tmp_path / "ckpt"))})
-    conf = render(cfg, run_dir / "front", sock_dir, run_dir / "logs", 120, f"unix@{sock_dir}/inference.sock", True)
+    ckpt = _random_tiny_checkpoint(tmp_path / "ckpt")
+    cfg = ServerConfig(inference_port=_ports(1)[0], models={"tiny": str(ckpt)})
+    conf = render(cfg, run_dir / "front", sock_dir, {"tiny": ckpt}, 120, f"unix@{sock_dir}/inference.sock", True)
     proc = subprocess.run([haproxy(), "-c", "-f", str(conf)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "Configuration file is valid" in proc.stdout + proc.stderr

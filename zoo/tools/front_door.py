@@ -155,12 +155,11 @@ def _lua(front: Path) -> Path:
 
 
 # -- /v1/models --------------------------------------------------------------------------------------------------
-def model_facts(source: str) -> dict[str, Any]:
+def model_facts(checkpoint: Path) -> dict[str, Any]:
     """What /v1/models says of a served model, from its checkpoint's config (the facts ``zoo info`` shows)."""
     from zoo.checkpoint import read_config
-    from zoo.tools.serve import resolve_checkpoint
 
-    config = read_config(resolve_checkpoint(source))
+    config = read_config(checkpoint)
     metrics = config.get("metrics") or {}
     split = "test" if "test" in metrics else "valid" if "valid" in metrics else None
     return {"architecture": config.get("architecture"), "dataset": config.get("dataset"),
@@ -168,9 +167,10 @@ def model_facts(source: str) -> dict[str, Any]:
             "metric": {"name": metrics.get("metric"), "split": split, "value": metrics.get(split)} if split else None}
 
 
-def models_json(models: dict[str, str], created: int) -> dict[str, Any]:
+def models_json(checkpoints: dict[str, Path], created: int) -> dict[str, Any]:
+    """``GET /v1/models``'s reply for the served ``{name: checkpoint dir}``."""
     return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "alstm-zoo",
-                                        "zoo": model_facts(source)} for name, source in models.items()]}
+                                        "zoo": model_facts(path)} for name, path in checkpoints.items()]}
 
 
 # -- keys --------------------------------------------------------------------------------------------------------
@@ -236,8 +236,8 @@ def _connections(wanted: int) -> int:
 
 
 # -- the config --------------------------------------------------------------------------------------------------
-def render(cfg: Any, front: Path, sock_dir: Path, logs: Path, response_timeout: int, backend: str,
-           ts_auth: bool) -> Path:
+def render(cfg: Any, front: Path, sock_dir: Path, checkpoints: dict[str, Path], response_timeout: int,
+           backend: str, ts_auth: bool) -> Path:
     """All the proxy's files in ``front`` (made afresh); returns its config. ``backend``: TorchServe's inference
     address as HAProxy names it (``unix@/path`` or ``host:port``). ``sock_dir`` (private, short, no spaces: its
     paths go unquoted into sample expressions) holds the sockets and the key maps."""
@@ -279,6 +279,6 @@ def render(cfg: Any, front: Path, sock_dir: Path, logs: Path, response_timeout: 
         auth_rules=auth_rules, backend_auth=backend_auth)
     path = front / "haproxy.cfg"
     path.write_text(text, encoding="utf-8")
-    (front / "models.json").write_text(json.dumps(models_json(cfg.models, int(time.time()))) + "\n",
+    (front / "models.json").write_text(json.dumps(models_json(checkpoints, int(time.time()))) + "\n",
                                        encoding="utf-8")
     return path

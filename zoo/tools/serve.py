@@ -566,7 +566,8 @@ def _start_front_door(cfg: ServerConfig, run_dir: Path, tmp: Path, logs: Path, r
         ts_keys = _ts_keys(run_dir, cfg, proc, timeout)
         front_door.write_backend_map(tmp, ts_keys["inference"]["key"])
         _write_client_keys(run_dir, tmp, cfg, ts_keys)
-    conf = front_door.render(cfg, run_dir / "front", tmp, logs, response_timeout,
+    checkpoints = {name: resolve_checkpoint(source) for name, source in cfg.models.items()}
+    conf = front_door.render(cfg, run_dir / "front", tmp, checkpoints, response_timeout,
                              f"unix@{tmp / 'inference.sock'}", ts_auth)
     for name in ("http.sock", "admin.sock"):
         (tmp / name).unlink(missing_ok=True)
