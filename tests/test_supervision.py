@@ -47,7 +47,7 @@ class Load:
             try:
                 r = http.post(self.url, json={"texts": ["the cat sat"]}, timeout=10,
                               headers={"Authorization": f"Bearer {self.key}"})
-                self.replies.append((r.status_code, r.headers.get("Content-Type"), r.content[:300]))
+                self.replies.append((r.status_code, r.headers.get("Retry-After"), r.content[:300]))
             except requests.RequestException as e:
                 self.replies.append((-1, None, type(e).__name__.encode()))
 
@@ -111,6 +111,13 @@ def test_a_killed_part_is_named_and_stop_frees_every_port(part, tiny, tmp_path, 
                           headers={"Authorization": f"Bearer {read_keys(run_dir)['inference']}"})
         assert r.status_code == 200, r.text
         assert _status(capsys, run_dir)[0] == 0
+        # what the clients got meanwhile: answers, or JSON errors whose code is the status (TorchServe's 503 "no
+        # worker ... scale workers API" while the worker restarts is the front door's 503 with Retry-After)
+        errors = [(code, retry, body) for code, retry, body in load.replies if code != 200]
+        for code, retry, body in errors:
+            assert code == -1 or json.loads(body)["code"] == code, (code, body)
+            assert code != 503 or (retry and b"scale workers" not in body), (retry, body)
+        print("replies while the worker was down:", sorted({(c, r) for c, r, _ in errors}))
     finally:
         stop_server(run_dir)
 
@@ -122,7 +129,7 @@ def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
     try:
         old = server_status(run_dir)["models"]["tiny"][0]["pid"]
         key = read_keys(run_dir)["inference"]
-        with Load(f"http://127.0.0.1:{ports[0]}/predictions/tiny", key):
+        with Load(f"http://127.0.0.1:{ports[0]}/predictions/tiny", key) as load:
             psutil.Process(old).kill()
             time.sleep(1)
             deadline = time.monotonic() + 90
@@ -137,5 +144,45 @@ def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
             else:
                 pytest.fail("no new READY worker within 90 s")
         assert _status(capsys, run_dir)[0] == 0
+        # what the clients got meanwhile: answers, or JSON errors whose code is the status (TorchServe's 503 "no
+        # worker ... scale workers API" while the worker restarts is the front door's 503 with Retry-After)
+        errors = [(code, retry, body) for code, retry, body in load.replies if code != 200]
+        for code, retry, body in errors:
+            assert code == -1 or json.loads(body)["code"] == code, (code, body)
+            assert code != 503 or (retry and b"scale workers" not in body), (retry, body)
+        print("replies while the worker was down:", sorted({(c, r) for c, r, _ in errors}))
+    finally:
+        stop_server(run_dir)
+
+
+def test_overload_is_a_json_503_with_retry_after(tiny, tmp_path):
+    """More requests at once than TorchServe's job queue holds (1 here): the ones that cannot be queued get a JSON
+    503 with Retry-After and a message for the client, never TorchServe's "no worker ... scale workers API"."""
+    run_dir, ports = tmp_path / "run", free_ports(6, avoid=(8080, 8081, 8082))
+    cfg = _config(ports)
+    cfg.job_queue_size = 1
+    start_server([("tiny", str(tiny))], run_dir, cfg, timeout=150)
+    try:
+        key = read_keys(run_dir)["inference"]
+        body = {"task": "generate", "prompt": "the", "max_new_tokens": 512, "stop_at_eos": False}
+        barrier = threading.Barrier(8)
+
+        def send(seed: int) -> requests.Response:
+            barrier.wait(timeout=30)
+            return requests.post(f"http://127.0.0.1:{ports[0]}/predictions/tiny", json={**body, "seed": seed},
+                                 headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                                 proxies={"http": "", "https": ""})
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(send, range(8)))
+        codes = sorted(r.status_code for r in replies)
+        assert 200 in codes and 503 in codes and set(codes) <= {200, 503}, codes
+        for r in replies:
+            if r.status_code == 503:
+                err = r.json()
+                assert err["code"] == 503 and "retry" in err["message"].lower() and r.headers["Retry-After"] == "1"
+                assert "scale workers" not in r.text
     finally:
         stop_server(run_dir)

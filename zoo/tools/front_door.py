@@ -48,6 +48,7 @@ REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not 
            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 #: seconds a client is told to wait (Retry-After) when the server is full or not answering
 RETRY_AFTER_S = 1
+BUSY = "the model server is busy (its queue is full) or not answering; retry after the Retry-After seconds"
 ROUTES = "POST /predictions/<model>, GET /ping, POST /v1/completions, GET /v1/models"
 
 
@@ -87,7 +88,7 @@ def both_shapes(code: int, message: str) -> dict[str, Any]:
 def _bodies(cfg: Any) -> dict[str, dict[str, Any]]:
     """Every body the routes answer with, by file name (``<status>[-<what>].json``)."""
     limit = cfg.max_request_bytes
-    busy = "the model server is busy (its queue is full) or restarting a worker; retry after the Retry-After seconds"
+    busy = BUSY
     return {
         "413.json": both_shapes(413, f"request body over {limit} bytes"),
         "414.json": both_shapes(414, "request target too long"),
@@ -125,8 +126,8 @@ def _raw_reply(code: int, body: dict[str, Any], extra: str = "") -> bytes:
 def _error_files(front: Path) -> str:
     """HAProxy's own error pages (errorfile: a whole HTTP reply), both shapes, one per status it can send."""
     messages = {400: "malformed HTTP request", 408: "the request was not sent in time", 413: "request too large",
-                500: "internal error in the front door", 502: "the model server is not answering; try again",
-                503: "the model server is not answering; try again", 504: "the model server did not answer in time"}
+                500: "internal error in the front door", 502: "the model server is not answering; retry later",
+                503: BUSY, 504: "the model server did not answer in time; retry later"}
     lines = []
     for code in ERRORFILE_STATUSES:
         extra = f"Retry-After: {RETRY_AFTER_S}\r\n" if code in (502, 503, 504) else ""
