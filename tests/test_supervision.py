@@ -51,6 +51,15 @@ class Load:
             except requests.RequestException as e:
                 self.replies.append((-1, None, type(e).__name__.encode()))
 
+    def check_errors(self) -> None:
+        """What the clients got meanwhile: answers, cut or refused connections (-1), or JSON errors whose code is
+        the status (a 503 with Retry-After, never TorchServe's "no worker ... scale workers API")."""
+        errors = [(code, retry, body) for code, retry, body in self.replies if code != 200]
+        for code, retry, body in errors:
+            assert code == -1 or json.loads(body)["code"] == code, (code, body)
+            assert code != 503 or (retry and b"scale workers" not in body), (retry, body)
+        print("replies other than 200:", sorted({(c, r) for c, r, _ in errors}))
+
     def __enter__(self) -> Load:
         for t in self.threads:
             t.start()
@@ -111,13 +120,7 @@ def test_a_killed_part_is_named_and_stop_frees_every_port(part, tiny, tmp_path, 
                           headers={"Authorization": f"Bearer {read_keys(run_dir)['inference']}"})
         assert r.status_code == 200, r.text
         assert _status(capsys, run_dir)[0] == 0
-        # what the clients got meanwhile: answers, or JSON errors whose code is the status (TorchServe's 503 "no
-        # worker ... scale workers API" while the worker restarts is the front door's 503 with Retry-After)
-        errors = [(code, retry, body) for code, retry, body in load.replies if code != 200]
-        for code, retry, body in errors:
-            assert code == -1 or json.loads(body)["code"] == code, (code, body)
-            assert code != 503 or (retry and b"scale workers" not in body), (retry, body)
-        print("replies while the worker was down:", sorted({(c, r) for c, r, _ in errors}))
+        load.check_errors()
     finally:
         stop_server(run_dir)
 
@@ -144,13 +147,7 @@ def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
             else:
                 pytest.fail("no new READY worker within 90 s")
         assert _status(capsys, run_dir)[0] == 0
-        # what the clients got meanwhile: answers, or JSON errors whose code is the status (TorchServe's 503 "no
-        # worker ... scale workers API" while the worker restarts is the front door's 503 with Retry-After)
-        errors = [(code, retry, body) for code, retry, body in load.replies if code != 200]
-        for code, retry, body in errors:
-            assert code == -1 or json.loads(body)["code"] == code, (code, body)
-            assert code != 503 or (retry and b"scale workers" not in body), (retry, body)
-        print("replies while the worker was down:", sorted({(c, r) for c, r, _ in errors}))
+        load.check_errors()
     finally:
         stop_server(run_dir)
 
