@@ -47,7 +47,7 @@ class Load:
             try:
                 r = http.post(self.url, json={"texts": ["the cat sat"]}, timeout=10,
                               headers={"Authorization": f"Bearer {self.key}"})
-                self.replies.append((r.status_code, r.headers.get("Retry-After"), r.content[:300]))
+                self.replies.append((r.status_code, r.headers.get("Retry-After"), r.content[:4000]))
             except requests.RequestException as e:
                 self.replies.append((-1, None, type(e).__name__.encode()))
 
@@ -126,14 +126,27 @@ def test_a_killed_part_is_named_and_stop_frees_every_port(part, tiny, tmp_path, 
 
 
 def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
-    """TorchServe restarts a dead worker; meanwhile status never reports the dead PID as READY."""
+    """A worker killed mid-stream under load: the stream is cut (an incomplete chunked body), TorchServe restarts
+    the worker, and meanwhile status never reports the dead PID as READY."""
     run_dir, ports = tmp_path / "run", free_ports(6, avoid=(8080, 8081, 8082))
     start_server([("tiny", str(tiny))], run_dir, _config(ports), timeout=150)
     try:
         old = server_status(run_dir)["models"]["tiny"][0]["pid"]
         key = read_keys(run_dir)["inference"]
-        with Load(f"http://127.0.0.1:{ports[0]}/predictions/tiny", key) as load:
+        url = f"http://127.0.0.1:{ports[0]}/predictions/tiny"
+        # a streamed reply under way when the worker dies is cut: its chunked body never ends, so the client's
+        # library reports an incomplete reply (never a complete-looking 200)
+        stream = requests.post(url, json={"task": "generate", "prompt": "the", "max_new_tokens": 512,
+                                          "stop_at_eos": False, "stream": True}, stream=True, timeout=60,
+                               headers={"Authorization": f"Bearer {key}"}, proxies={"http": "", "https": ""})
+        assert stream.status_code == 200
+        lines = stream.iter_lines()
+        assert json.loads(next(lines))["text"] is not None
+        with Load(url, key) as load:
             psutil.Process(old).kill()
+            with pytest.raises(requests.exceptions.ChunkedEncodingError):
+                rest = [json.loads(line) for line in lines if line]
+                pytest.fail(f"the stream ended cleanly after the worker died: {rest[-1:]}")
             time.sleep(1)
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
