@@ -397,6 +397,8 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
     state = read_state(run_dir)
     if state and any(supervise.alive(state, part) for part in PARTS):
         raise ServeError(f"a server is already running from {run_dir} (zoo serve stop --run-dir {run_dir})")
+    if state:  # a server whose parts died: end what is left of it (a worker orphaned by its frontend) first
+        stop_server(run_dir)
     version = java_version()
     if version is None or version < 17:
         raise ServeError("TorchServe needs Java 17 or newer (found: "
