@@ -25,9 +25,9 @@ DATA_DIR ?= $(abspath ../shared/data)
 
 help:
 	@echo "make demo   - create .venv, install, start the Gradio demo on 127.0.0.1:$(PORT) (offline)"
-	@echo "make test   - create .venv, install (plus Java 17, nginx and Chromium where missing), run the suite"
+	@echo "make test   - create .venv, install (plus Java 17, HAProxy and Chromium where missing), run the suite"
 	@echo "make venv   - create .venv and install (the checkout's sources, editable) without running anything"
-	@echo "make system-deps - Java 17, nginx and Chromium from Debian where missing (TorchServe, its front door, the browser test)"
+	@echo "make system-deps - Java 17, HAProxy and Chromium from Debian where missing (TorchServe, its front door, the browser test)"
 	@echo "make olah   - the local Hub mirror's own venv (.venv-olah) for the Hub tests"
 	@echo "make lint   - ruff"
 	@echo "make bench  - the inference benchmarks (cells, precision, backends, int8, serving; writes benchmarks/results/*.json);"
@@ -60,15 +60,15 @@ $(OLAH_STAMP):
 
 olah: $(OLAH_STAMP)
 
-# Java 17 for TorchServe's frontend, nginx for its front door and Chromium for the browser test, from Debian,
+# Java 17 for TorchServe's frontend, HAProxy for its front door and Chromium for the browser test, from Debian,
 # where missing.
 system-deps:
 	@if ! java -version 2>&1 | grep -qE 'version "(1[7-9]|[2-9][0-9])'; then \
 		echo "installing openjdk-17-jdk-headless"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; fi
-	@if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then \
-		echo "installing nginx-light (the serving front door)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; fi
+	@if ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ]; then \
+		echo "installing haproxy (the serving front door)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null; fi
 	@if ! command -v chromium >/dev/null; then \
 		echo "installing chromium"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi

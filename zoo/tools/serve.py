@@ -10,13 +10,18 @@ by side on other ports, a server is stopped by its own PID, and the workers run 
 interpreter (``--python``), the environment where ``zoo`` is importable, so the handler computes
 with the library's own code.
 
-Defaults are the secure ones: 127.0.0.1 only, token authorisation on, no model registration over
-the management API, bounded request sizes, and nginx in front of the inference port (the "front door",
-``serving/nginx.conf``): TorchServe 0.12 has no read timeout, decodes form bodies itself (a bad %-escape
-was its own 500) and runs any HTTP method on /predictions, so nginx reads every request whole under
-timeouts first, passes only ``GET /ping`` and ``POST /predictions/<model>`` with JSON or text bodies to
-TorchServe's own inference port (loopback, a free port), and answers everything else with the service
-core's JSON error shape. Turning authorisation or the front door off is an explicit flag.
+Defaults are the secure ones: 127.0.0.1 only, token authorisation on, no model registration over the management
+API, bounded request sizes, and HAProxy in front of the inference port (the "front door",
+``serving/haproxy.cfg``, ``zoo/tools/front_door.py``): TorchServe 0.12 has no read timeout, decodes form bodies
+itself (a bad %-escape was its own 500) and runs any HTTP method on /predictions, so the front door receives
+every whole request within a deadline first, checks the server's key (256 bits; TorchServe's own keys are 48),
+passes only the zoo's routes with JSON or text bodies to TorchServe's own inference address (a unix socket in a
+private folder), and answers everything else in JSON. Turning authorisation or the front door off is an explicit
+flag.
+
+Every process of a server (the proxy, the Java frontend and, through its process group, the workers) and every
+port is recorded in the run dir's server.json: ``status`` names the part that is down, ``stop`` ends them all
+by PID and process group (never by name) and waits until every port is free.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import socket
 import string
 import subprocess
@@ -43,7 +47,7 @@ from typing import Any
 from zoo.backends import backend_names
 from zoo.errors import ConfigError
 from zoo.service import Limits
-from zoo.tools import REPO
+from zoo.tools import REPO, front_door, supervise
 
 SERVING_DIR = REPO / "serving"
 HANDLER_FILE = SERVING_DIR / "handler.py"
@@ -109,13 +113,15 @@ class ServerConfig:
     grpc_management_port: int = 0
     disable_token_auth: bool = False
     enable_model_api: bool = False
-    #: nginx in front of the inference port (serving/nginx.conf); TorchServe's own inference port is then
-    #: ``backend_port`` on 127.0.0.1 (0 = a free port chosen at start)
+    #: HAProxy in front of the inference port (serving/haproxy.cfg); TorchServe's own inference address is then
+    #: a unix socket in the server's private socket folder
     front_door: bool = True
-    backend_port: int = 0
-    #: seconds a client may take between two reads of its request (header and body), and a third of what it may
-    #: take between two writes of the reply
+    #: seconds a client has to send a whole request head, and then as long again for the whole body (the
+    #: front door's deadline); a third of what it may take between two reads of the reply
     client_timeout: int = 10
+    #: connections the front door holds at once (each may buffer a whole body: at most about this many times
+    #: max_request_bytes of memory)
+    max_connections: int = 4096
     max_request_bytes: int = 1 << 20
     max_response_bytes: int = 16 << 20
     job_queue_size: int = 256
@@ -141,18 +147,8 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
 
 
 def server_process(state: dict[str, Any] | None):
-    """The live frontend process recorded in ``state``, or None (a recycled PID is not ours)."""
-    import psutil
-
-    if not state or not state.get("pid"):
-        return None
-    try:
-        proc = psutil.Process(int(state["pid"]))
-        if MAIN_CLASS in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE:
-            return proc
-    except (psutil.Error, ValueError):
-        return None
-    return None
+    """The live TorchServe frontend recorded in ``state``, or None (a recycled PID is not ours)."""
+    return supervise.alive(state, "TorchServe frontend")
 
 
 def read_keys(run_dir: Path) -> dict[str, str]:
@@ -176,19 +172,29 @@ def key_expiry(run_dir: Path) -> dict[str, str]:
 
 
 def refresh_keys(run_dir: Path) -> dict[str, str]:
-    """New inference and management keys from the running server (TorchServe's token API, authorised by the
-    non-expiring API key); TorchServe rewrites the key file. Returns the new expiry times."""
+    """New keys from the running server: TorchServe's inference and management keys (its token API, authorised
+    by its non-expiring API key; it rewrites its key file) and, behind the front door, a new client key, put into
+    the running proxy without a restart. The old keys stop working. Returns the new expiry times."""
     state = read_state(run_dir)
     if server_process(state) is None or state is None:
         raise ServeError(f"no server running from {run_dir}")
-    api = read_keys(run_dir).get("API")
-    if not api:
-        raise ServeError(f"no API key in {run_dir / KEY_FILE} (token authorisation off?)")
-    management = ServerConfig(**state["config"]).url("management")
+    cfg = ServerConfig(**state["config"])
+    ts_file = _ts_dir(run_dir, cfg) / KEY_FILE
+    try:
+        api = json.loads(ts_file.read_text(encoding="utf-8"))["API"]["key"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        raise ServeError(f"no API key in {ts_file} (token authorisation off?)") from None
     for kind in ("inference", "management"):
-        code, body = _http(f"{management}/token?type={kind}", api)
+        code, body = _http(f"{cfg.url('management')}/token?type={kind}", api)
         if code != 200:
             raise ServeError(f"refreshing the {kind} key failed: HTTP {code} {body[:200]!r}")
+    if cfg.front_door:
+        ts_keys = json.loads(ts_file.read_text(encoding="utf-8"))
+        tmp = Path(state["tmp_dir"])
+        _write_client_keys(run_dir, tmp, cfg, ts_keys)
+        key = read_keys(run_dir)["inference"]
+        expires = time.time() + 60 * cfg.token_expiration_min
+        front_door.replace_keys(tmp, key, expires, ts_keys["inference"]["key"])
     return key_expiry(run_dir)
 
 
@@ -298,17 +304,7 @@ def java_version() -> int | None:
     return int(m.group(2) or 0) if major == 1 else major
 
 
-def _port_free(host: str, port: int) -> bool:
-    """Whether nothing listens on ``port``. SO_REUSEADDR as the servers bind (nginx, Netty), so connections of a
-    server just stopped, left in TIME_WAIT, do not count (a stop then start would otherwise fail for a minute)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+_port_free = supervise.port_free
 
 
 def _no_workflows(run_dir: Path) -> Path:
@@ -377,9 +373,9 @@ def wait_ready(cfg: ServerConfig, run_dir: Path, proc, timeout: float, front=Non
             raise ServeError(f"TorchServe exited with status {proc.returncode} during start; "
                              f"see {run_dir / 'logs' / 'server.out'}")
         if front is not None and front.poll() is not None:
-            log = run_dir / "logs" / "front_error.log"
+            log = run_dir / "logs" / "front.log"
             last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
-            raise ServeError(f"the front door (nginx) exited with status {front.returncode} during start"
+            raise ServeError(f"the front door (HAProxy) exited with status {front.returncode} during start"
                              f"{': ' + last[0] if last else ''} (see {log})")
         failure = _load_failure(run_dir)
         if failure:
@@ -396,9 +392,13 @@ def wait_ready(cfg: ServerConfig, run_dir: Path, proc, timeout: float, front=Non
 
 def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig,
                  options: ArchiveOptions | None = None, build: bool = True, timeout: float = 180.0) -> dict[str, Any]:
-    """Build the archives, launch the frontend in ``run_dir``, wait until healthy; returns the saved state."""
-    if server_process(read_state(run_dir)):
+    """Build the archives, launch the frontend (then the front door) in ``run_dir``, wait until healthy; returns
+    the saved state."""
+    state = read_state(run_dir)
+    if state and any(supervise.alive(state, part) for part in PARTS):
         raise ServeError(f"a server is already running from {run_dir} (zoo serve stop --run-dir {run_dir})")
+    if state:  # a server whose parts died: end what is left of it (a worker orphaned by its frontend) first
+        stop_server(run_dir)
     version = java_version()
     if version is None or version < 17:
         raise ServeError("TorchServe needs Java 17 or newer (found: "
@@ -407,6 +407,59 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
     names = [n for n, _ in models]
     if len(set(names)) != len(names):
         raise ServeError(f"duplicate model names in {names}")
+    _choose_ports(cfg)
+    store, logs, tmp = run_dir / "model-store", run_dir / "logs", _socket_dir(run_dir, cfg)
+    if logs.is_dir():  # keep the previous run's logs for one more run, but never read them as this run's
+        shutil.rmtree(run_dir / "logs.prev", ignore_errors=True)
+        logs.rename(run_dir / "logs.prev")
+    shutil.rmtree(tmp / "models", ignore_errors=True)  # archives unpacked by an earlier run
+    for d in (store, logs):
+        d.mkdir(parents=True, exist_ok=True)
+    for name, source in models:
+        mar = store / f"{name}.mar"
+        if build:
+            build_archive(source, store, name, options)
+        elif not mar.is_file():
+            raise ServeError(f"{mar} not found (run zoo serve build, or start without --no-build)")
+    cfg.models = dict(models)
+    response_timeout = (options or ArchiveOptions()).response_timeout
+    proc = _launch_torchserve(cfg, run_dir, tmp, response_timeout)
+    state = {"pid": proc.pid, "run_dir": str(run_dir), "started": time.time(), "config": asdict(cfg),
+             "processes": {"TorchServe frontend": supervise.record(proc.pid)}, "ports": _ports_of(cfg),
+             "sockets": [str(tmp / "inference.sock"), str(tmp / "http.sock"), str(tmp / "admin.sock")],
+             "logs": str(logs), "key_file": None if cfg.disable_token_auth else str(run_dir / KEY_FILE),
+             "inference": cfg.url("inference"), "management": cfg.url("management"), "metrics": cfg.url("metrics"),
+             "python": sys.executable, "tmp_dir": str(tmp)}
+    _save_state(run_dir, state)
+    try:
+        front = None
+        if cfg.front_door:
+            front = _start_front_door(cfg, run_dir, tmp, logs, response_timeout, proc, timeout)
+            state["front_pid"] = front.pid
+            state["processes"]["front door"] = supervise.record(front.pid)
+            _save_state(run_dir, state)
+        wait_ready(cfg, run_dir, proc, timeout, front)
+    except BaseException:
+        stop_server(run_dir)
+        raise
+    return state
+
+
+#: the parts of a server that are processes of their own (the workers are found through the frontend)
+PARTS = ("front door", "TorchServe frontend")
+
+
+def _save_state(run_dir: Path, state: dict[str, Any]) -> None:
+    (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+
+
+def _ports_of(cfg: ServerConfig) -> dict[str, int]:
+    return {"inference": cfg.inference_port, "management": cfg.management_port, "metrics": cfg.metrics_port,
+            "grpc inference": cfg.grpc_inference_port, "grpc management": cfg.grpc_management_port}
+
+
+def _choose_ports(cfg: ServerConfig) -> None:
+    """Fill in the free ports asked for (0) and refuse ports in use (naming who holds them)."""
     if not cfg.worker_port:
         cfg.worker_port = 20000 + cfg.inference_port % 20000
     for attr in ("grpc_inference_port", "grpc_management_port"):
@@ -416,43 +469,49 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
     if cfg.front_door:
         if cfg.client_timeout < 1:
             raise ServeError("--client-timeout must be >= 1")
-        _nginx()  # say so before building anything when it is missing
-        if not cfg.backend_port:
-            cfg.backend_port = _free_port("127.0.0.1", avoid={cfg.inference_port, cfg.management_port,
-                                                             cfg.metrics_port, cfg.grpc_inference_port,
-                                                             cfg.grpc_management_port})
-    ports = [cfg.inference_port, cfg.management_port, cfg.metrics_port, cfg.grpc_inference_port,
-             cfg.grpc_management_port] + ([cfg.backend_port] if cfg.front_door else [])
+        front_door.haproxy()  # say so before building anything when it is missing
+    ports = list(_ports_of(cfg).values())
     if len(set(ports)) != len(ports):
         raise ServeError(f"the inference, management, metrics and gRPC ports must differ (got {ports})")
     for port in ports:
         if not _port_free(cfg.host, port):
-            raise ServeError(f"port {port} on {cfg.host} is in use (choose others with --inference-port, "
-                             "--management-port, --metrics-port, --grpc-inference-port, --grpc-management-port)")
-    store, logs, tmp = run_dir / "model-store", run_dir / "logs", run_dir / "tmp"
-    if len(str(tmp / f".ts.sock.{cfg.worker_port + 99}")) > 100:  # unix socket paths are limited to 108 bytes
+            raise ServeError(f"port {port} on {cfg.host} is in use by {supervise.holder(port)} (choose others with "
+                             "--inference-port, --management-port, --metrics-port, --grpc-inference-port, "
+                             "--grpc-management-port)")
+
+
+def _socket_dir(run_dir: Path, cfg: ServerConfig) -> Path:
+    """A private (0700) folder for the worker sockets, TorchServe's inference socket and the front door's
+    sockets and key maps: ``run_dir/tmp``, or a short one in /tmp when that path is too long for a unix socket
+    (108 bytes) or holds a space (the proxy's sample expressions take it unquoted)."""
+    tmp = run_dir / "tmp"
+    if len(str(tmp / f".ts.sock.{cfg.worker_port + 99}")) > 100 or " " in str(tmp):
         tmp = Path(tempfile.mkdtemp(prefix="zoo-serve-"))
-    if logs.is_dir():  # keep the previous run's logs for one more run, but never read them as this run's
-        shutil.rmtree(run_dir / "logs.prev", ignore_errors=True)
-        logs.rename(run_dir / "logs.prev")
-    shutil.rmtree(tmp / "models", ignore_errors=True)  # archives unpacked by an earlier run
-    for d in (store, logs, tmp):
-        d.mkdir(parents=True, exist_ok=True)
-    for name, source in models:
-        mar = store / f"{name}.mar"
-        if build:
-            build_archive(source, store, name, options)
-        elif not mar.is_file():
-            raise ServeError(f"{mar} not found (run zoo serve build, or start without --no-build)")
-    cfg.models = dict(models)
-    (run_dir / KEY_FILE).unlink(missing_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    tmp.chmod(0o700)
+    return tmp
+
+
+def _ts_dir(run_dir: Path, cfg: ServerConfig | dict[str, Any]) -> Path:
+    """TorchServe's working folder, where it writes its key file: behind the front door its keys are the front
+    door's business (a private folder), without it they are the clients' (the run dir)."""
+    on = cfg.front_door if isinstance(cfg, ServerConfig) else cfg.get("front_door", True)
+    return run_dir / "backend" if on else run_dir
+
+
+def _launch_torchserve(cfg: ServerConfig, run_dir: Path, tmp: Path, response_timeout: int):
+    cwd = _ts_dir(run_dir, cfg)
+    cwd.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for folder in {cwd, run_dir}:
+        (folder / KEY_FILE).unlink(missing_ok=True)
+    store, logs = run_dir / "model-store", run_dir / "logs"
     metrics_cfg = shutil.copy(SERVING_DIR / "metrics.yaml", run_dir / "metrics.yaml")
-    ts_inference = (f"http://127.0.0.1:{cfg.backend_port}" if cfg.front_door else cfg.url("inference"))
+    ts_inference = f"unix:{tmp / 'inference.sock'}" if cfg.front_door else cfg.url("inference")
+    (tmp / "inference.sock").unlink(missing_ok=True)
     conf = _render(SERVING_DIR / "config.properties", run_dir / "config.properties", {
         **asdict(cfg), "ts_inference_address": ts_inference, "model_store": store, "metrics_config": metrics_cfg,
-        "workflow_store": _no_workflows(run_dir),
-        "load_models": ",".join(f"{n}={n}.mar" for n in names),
-        "response_timeout": (options or ArchiveOptions()).response_timeout})
+        "workflow_store": _no_workflows(run_dir), "use_native_io": cfg.front_door,
+        "load_models": ",".join(f"{n}={n}.mar" for n in cfg.models), "response_timeout": response_timeout})
     import ts
 
     ts_home = Path(ts.__file__).resolve().parent.parent
@@ -461,80 +520,62 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
            f"-Dlog4j.configurationFile=file://{SERVING_DIR / 'log4j2.xml'}", *vmargs,
            "-cp", f".:{ts_home / 'ts' / 'frontend' / '*'}", MAIN_CLASS,
            "--python", sys.executable, "-f", str(conf), "-s", str(store), "-ncs",
-           "-m", *[f"{n}={n}.mar" for n in names]]
+           "-m", *[f"{n}={n}.mar" for n in cfg.models]]
     if cfg.disable_token_auth:
         cmd.append("--disable-token-auth")
     if cfg.enable_model_api:
         cmd.append("--enable-model-api")
     env = dict(os.environ, LOG_LOCATION=str(logs), METRICS_LOCATION=str(logs), TEMP=str(tmp))
-    front = _start_front_door(cfg, run_dir, logs, (options or ArchiveOptions()).response_timeout) \
-        if cfg.front_door else None
     with open(logs / "server.out", "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=run_dir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        return subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
-    state = {"pid": proc.pid, "front_pid": front.pid if front else None,
-             "run_dir": str(run_dir), "started": time.time(), "config": asdict(cfg),
-             "logs": str(logs), "key_file": None if cfg.disable_token_auth else str(run_dir / KEY_FILE),
-             "inference": cfg.url("inference"), "management": cfg.url("management"), "metrics": cfg.url("metrics"),
-             "python": sys.executable, "tmp_dir": str(tmp)}
-    (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
-    try:
-        wait_ready(cfg, run_dir, proc, timeout, front)
-    except BaseException:
-        stop_server(run_dir)
-        raise
-    return state
 
 
-def _nginx() -> str:
-    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")
-                                           if os.access(p, os.X_OK)), None)
-    if not found:
-        raise ServeError("the front door needs nginx: run `make system-deps` or `apt-get install nginx-light` "
-                         "(or start with --no-front-door, without its read timeouts and request filtering)")
-    return found
+def _ts_keys(run_dir: Path, cfg: ServerConfig, proc, timeout: float) -> dict[str, Any]:
+    """TorchServe's own key file (behind the front door), once it has written it."""
+    path = _ts_dir(run_dir, cfg) / KEY_FILE
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServeError(f"TorchServe exited with status {proc.returncode} during start; "
+                             f"see {run_dir / 'logs' / 'server.out'}")
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            time.sleep(0.2)
+    raise ServeError(f"TorchServe wrote no key file in {timeout:.0f} s; see {run_dir / 'logs'}")
 
 
-def front_door_config(cfg: ServerConfig, run_dir: Path, logs: Path, response_timeout: int) -> Path:
-    """The front door's nginx.conf, rendered into a fresh ``run_dir/front`` (paths quoted: a run dir may hold
-    spaces)."""
-    front = run_dir / "front"
-    shutil.rmtree(front, ignore_errors=True)
-    front.mkdir(parents=True)
-    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    return _render(SERVING_DIR / "nginx.conf", front / "nginx.conf", {
-        "front_dir": front, "logs": logs, "listen": f"{host}:{cfg.inference_port}",
-        "backend": f"127.0.0.1:{cfg.backend_port}", "client_timeout": cfg.client_timeout,
-        "send_timeout": 3 * cfg.client_timeout, "upstream_timeout": response_timeout + 10,
-        "max_request_bytes": cfg.max_request_bytes,
-        # as root, nginx would run its worker as `nobody`, which cannot reach a private run dir
-        "user_directive": "user root;" if os.geteuid() == 0 else ""})
+def _write_client_keys(run_dir: Path, tmp: Path, cfg: ServerConfig, ts_keys: dict[str, Any]) -> None:
+    """The clients' key file: the front door's own inference key (256 bits, expiring like TorchServe's keys)
+    and TorchServe's management key (the management port is TorchServe's)."""
+    key, expires = front_door.new_key(), time.time() + 60 * cfg.token_expiration_min
+    front_door.write_key_map(tmp, key, expires)
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+    data = {"inference": {"key": key, "expiration time": when}}
+    if "management" in ts_keys:
+        data["management"] = ts_keys["management"]
+    fd = os.open(run_dir / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
 
 
-def _start_front_door(cfg: ServerConfig, run_dir: Path, logs: Path, response_timeout: int):
-    """nginx on the public inference address, forwarding to TorchServe's inference port on loopback."""
-    conf = front_door_config(cfg, run_dir, logs, response_timeout)
-    with open(logs / "front.out", "ab") as out:
-        cmd = [_nginx(), "-p", str(conf.parent), "-c", str(conf), "-e", str(logs / "front_error.log")]
-        return subprocess.Popen(cmd, cwd=run_dir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-
-
-def front_process(state: dict[str, Any] | None):
-    """The live nginx master recorded in ``state`` (started with this run dir's config), or None."""
-    import psutil
-
-    if not state or not state.get("front_pid"):
-        return None
-    try:
-        proc = psutil.Process(int(state["front_pid"]))
-        # nginx rewrites its process title ("nginx: master process <its command line>"): match within it
-        if str(Path(state["run_dir"]) / "front" / "nginx.conf") in " ".join(proc.cmdline()) \
-                and proc.status() != psutil.STATUS_ZOMBIE:
-            return proc
-    except (psutil.Error, ValueError, KeyError):
-        return None
-    return None
+def _start_front_door(cfg: ServerConfig, run_dir: Path, tmp: Path, logs: Path, response_timeout: int, proc,
+                      timeout: float):
+    """HAProxy on the public inference address, forwarding to TorchServe's inference socket."""
+    ts_auth = not cfg.disable_token_auth
+    if ts_auth:
+        ts_keys = _ts_keys(run_dir, cfg, proc, timeout)
+        front_door.write_backend_map(tmp, ts_keys["inference"]["key"])
+        _write_client_keys(run_dir, tmp, cfg, ts_keys)
+    checkpoints = {name: resolve_checkpoint(source) for name, source in cfg.models.items()}
+    conf = front_door.render(cfg, run_dir / "front", tmp, checkpoints, response_timeout,
+                             f"unix@{tmp / 'inference.sock'}", ts_auth)
+    for name in ("http.sock", "admin.sock"):
+        (tmp / name).unlink(missing_ok=True)
+    with open(logs / "front.log", "ab") as out:
+        return subprocess.Popen([front_door.haproxy(), "-db", "-f", str(conf)], cwd=conf.parent, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def _java() -> str:
@@ -544,54 +585,57 @@ def _java() -> str:
 
 
 def stop_server(run_dir: Path, timeout: float = 30.0) -> bool:
-    """Stop the server recorded in ``run_dir`` by its PID (then its workers); False if none was running."""
-    import psutil
-
+    """End every process of the server recorded in ``run_dir`` (by PID and process group, the front door first)
+    and wait until its ports are free; False if none was running."""
     state = read_state(run_dir)
-    proc = server_process(state)
-    front = front_process(state)
-    stopped = False
-    if front is not None:  # the front door first: no new requests while TorchServe stops
-        front.send_signal(signal.SIGTERM)  # nginx's fast shutdown
-        try:
-            front.wait(timeout=timeout)
-        except psutil.TimeoutExpired:
-            front.kill()
-        stopped = True
-    if proc is not None:
-        children = proc.children(recursive=True)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except psutil.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        _, alive = psutil.wait_procs(children, timeout=10)
-        for child in alive:
-            child.kill()
-        stopped = True
-    if state and state.get("tmp_dir") and Path(state["tmp_dir"]).name.startswith("zoo-serve-"):
+    if not state:
+        return False
+    ended = supervise.end_all(state, timeout)
+    held = supervise.wait_ports_free(state)
+    supervise.remove_sockets(state)
+    if state.get("tmp_dir") and Path(state["tmp_dir"]).name.startswith("zoo-serve-"):
         shutil.rmtree(state["tmp_dir"], ignore_errors=True)  # the short socket dir made for a long run dir
+    if held:
+        raise ServeError("stopped the server's processes, but " + ", ".join(
+            f"port {p} ({n}) is still held by {supervise.holder(p)}" for n, p in held.items()))
     (run_dir / STATE_FILE).unlink(missing_ok=True)
     (run_dir / KEY_FILE).unlink(missing_ok=True)
-    return stopped
+    (_ts_dir(run_dir, state.get("config", {})) / KEY_FILE).unlink(missing_ok=True)
+    return ended > 0
+
+
+def _down_parts(state: dict[str, Any], cfg: ServerConfig, run_dir: Path) -> tuple[list[str], dict[str, Any]]:
+    """The parts of a recorded server that are not working, named, and each model's workers."""
+    down = [part for part in PARTS if part in state.get("processes", {}) and supervise.alive(state, part) is None]
+    models: dict[str, Any] = {}
+    if "TorchServe frontend" not in down:
+        for name in cfg.models:
+            models[name] = [{"pid": w.get("pid"), "status": w.get("status")}
+                            for w in model_workers(cfg, run_dir, name)]
+            if not any(w["status"] == "READY" for w in models[name]):
+                down.append(f"model {name}: no READY worker")
+    listening = supervise.held_ports(state)
+    for name, port in state.get("ports", {}).items():
+        if name not in listening and not (name == "inference" and "front door" in down):
+            down.append(f"port {port} ({name}): nothing listens")
+    return down, models
 
 
 def server_status(run_dir: Path) -> dict[str, Any]:
     state = read_state(run_dir)
-    proc = server_process(state)
-    if proc is None or state is None:
-        return {"running": False, "run_dir": str(run_dir), "logs": str(run_dir / "logs")}
+    base = {"running": False, "run_dir": str(run_dir), "logs": str(run_dir / "logs")}
+    if state is None or not any(supervise.alive(state, part) for part in PARTS):
+        held = supervise.held_ports(state) if state else {}
+        return {**base, "down": [f"port {p} ({n}) still held by {supervise.holder(p)}" for n, p in held.items()]}
     cfg = ServerConfig(**state["config"])
     code, body = _http(f"{cfg.url('inference')}/ping", read_keys(run_dir).get("inference"))
     health = json.loads(body).get("status") if code == 200 else f"HTTP {code}" if code else "no answer"
-    if code in (400, 401, 403) and read_keys(run_dir):  # TorchServe answers a bad or expired key with 400
+    if code in (400, 401, 403) and read_keys(run_dir):  # the front door answers a bad or expired key with 401
         expiry = key_expiry(run_dir).get("inference", "?")
         health = (f"HTTP {code}: the inference key in {run_dir / KEY_FILE} was refused (expiry {expiry}); run "
                   f"`zoo serve refresh-keys --run-dir {run_dir}` for new keys")
-    models = {n: [{"pid": w.get("pid"), "status": w.get("status")} for w in model_workers(cfg, run_dir, n)]
-              for n in cfg.models}
-    return {**state, "running": True, "health": health, "models": models}
+    down, models = _down_parts(state, cfg, run_dir)
+    return {**state, "running": True, "health": health, "models": models, "down": down}
 
 
 # -- command line -----------------------------------------------------------------------------------------------
@@ -600,8 +644,10 @@ def _describe(info: dict[str, Any]) -> str:
     lines = [f"TorchServe running (pid {info['pid']}) from {info['run_dir']}",
              f"  inference   {info['inference']}/predictions/<model>   (health: {info.get('health', 'Healthy')})",
              f"  management  {info['management']}   metrics {info['metrics']}/metrics",
-             "  front door  " + (f"nginx (pid {info['front_pid']}) -> TorchServe on 127.0.0.1:{cfg['backend_port']}; "
-                                  f"client timeout {cfg['client_timeout']} s" if info.get("front_pid")
+             "  front door  " + (f"HAProxy (pid {info['front_pid']}) -> TorchServe on "
+                                  f"{info['tmp_dir']}/inference.sock; "
+                                  f"request deadline {cfg['client_timeout']} s (head) + {cfg['client_timeout']} s "
+                                  "(body)" if info.get("front_pid")
                                   else "OFF (--no-front-door): TorchServe answers the inference port itself"),
              f"  models      {', '.join(cfg['models'])}",
              f"  logs        {info['logs']}"]
@@ -698,6 +744,7 @@ def cmd_refresh_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Exit 0 only when every part of the server is up: 1 when it is not running or a part is down (named)."""
     info = server_status(run_dir_of(args.run_dir))
     if args.json:
         print(json.dumps(info, indent=2))
@@ -707,7 +754,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {name}: " + ", ".join(f"worker pid {w['pid']} {w['status']}" for w in workers))
     else:
         print(f"not running (run dir {info['run_dir']})")
-    return 0 if info["running"] else 1
+    if not args.json:
+        for part in info.get("down", []):
+            print(f"  DOWN  {part}")
+    return 0 if info["running"] and not info.get("down") else 1
 
 
 def _archive_args(p: argparse.ArgumentParser) -> None:
@@ -751,10 +801,11 @@ def add(subparsers) -> None:
     sp.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     sp.add_argument("--inference-port", type=_port, default=8080, help="(default 8080)")
     sp.add_argument("--no-front-door", dest="front_door", action="store_false",
-                    help="serve the inference port with TorchServe itself, without nginx in front (no read "
+                    help="serve the inference port with TorchServe itself, without HAProxy in front (no read "
                          "timeouts, form bodies decoded by TorchServe, any method on /predictions)")
     sp.add_argument("--client-timeout", type=_positive(int), default=ServerConfig.client_timeout,
-                    help="front door: seconds a client may take between two reads of its request (default "
+                    help="front door: seconds a client has to send a whole request head, and as long again for "
+                         "the body (default "
                          f"{ServerConfig.client_timeout})")
     sp.add_argument("--management-port", type=_port, default=8081, help="(default 8081)")
     sp.add_argument("--metrics-port", type=_port, default=8082, help="(default 8082)")

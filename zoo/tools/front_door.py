@@ -1,0 +1,285 @@
+"""The front door of ``zoo serve``: HAProxy on the public inference port (``serving/haproxy.cfg``).
+
+Why HAProxy: its ``timeout http-request`` with ``option http-buffer-request`` bounds the time to receive a whole
+request, head and body, which nginx cannot (its timeouts run between two reads, so a body dripped one byte every
+few seconds lived forever), and it can read the buffered JSON body to route an OpenAI-style request by its
+``model``. Everything the proxy answers itself is JSON: the service core's shape (``{"code", "type", "message"}``,
+``code`` equal to the HTTP status) on the native routes, OpenAI's (``{"error": {"message", "type", "param",
+"code"}}``) under ``/v1/``, and both at once where the path is not known (a request head that is not HTTP).
+
+This module renders the proxy's files into ``<run dir>/front`` (its config, the reply bodies, the Lua service that
+answers malformed heads, the key maps, ``models.json``) and talks to a running proxy over its admin socket (new
+keys without a restart).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import string
+import time
+from pathlib import Path
+from typing import Any
+
+from zoo.errors import ConfigError
+
+HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "serving" / "haproxy.cfg"
+#: a client key: 256 bits from the OS's CSPRNG (URL-safe base64, 43 characters)
+KEY_BYTES = 32
+#: the grammar a request head must match before HTTP parsing (RFC 9112: token method, origin-form target, HTTP/1.x,
+#: header lines of a token name and visible/obs-text values, at most 100 of them; no Transfer-Encoding, at most one
+#: Content-Length of digits). One regex with look-aheads because only a positive match is final before the deadline.
+_TCHAR = r"[!\x23$%&\x27*+.^_\x60|~0-9A-Za-z-]"
+_IN_HEAD = r"(?:[^\r\n]++\r\n)+?"  # (header lines up to the blank one: possessive, so no backtracking)
+HEAD_REGEX = ("^"
+              rf"(?!{_IN_HEAD}(?i:transfer-encoding):)"
+              rf"(?!{_IN_HEAD}(?i:content-length):(?![ \t]*+[0-9]{{1,15}}+[ \t]*+\r\n))"
+              rf"(?!{_IN_HEAD}(?i:content-length):{_IN_HEAD}(?i:content-length):)"
+              rf"{_TCHAR}++ /[!-~]*+ HTTP/1\.[01]\r\n(?:{_TCHAR}++:[\t -~\x80-\xff]*+\r\n){{0,100}}+\r\n")
+#: the statuses HAProxy can send from its own error pages (those its ``errorfile`` takes)
+ERRORFILE_STATUSES = (400, 401, 403, 404, 405, 408, 410, 413, 425, 429, 500, 501, 502, 503, 504)
+REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+           408: "Request Timeout", 410: "Gone", 411: "Length Required", 413: "Payload Too Large",
+           414: "URI Too Long", 425: "Too Early", 429: "Too Many Requests",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+#: seconds a client is told to wait (Retry-After) when the server is full or not answering
+RETRY_AFTER_S = 1
+BUSY = "the model server is busy (its queue is full) or not answering; retry after the Retry-After seconds"
+ROUTES = "POST /predictions/<model>, GET /ping, POST /v1/completions, GET /v1/models"
+
+
+class FrontDoorError(ConfigError):
+    """The proxy is missing, or its config or admin socket failed: one line."""
+
+
+def haproxy() -> str:
+    found = shutil.which("haproxy") or next((p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy")
+                                             if os.access(p, os.X_OK)), None)
+    if not found:
+        raise FrontDoorError("the front door needs HAProxy: run `make system-deps` or `apt-get install haproxy` "
+                             "(or start with --no-front-door, without its deadlines and request filtering)")
+    return found
+
+
+# -- reply bodies ------------------------------------------------------------------------------------------------
+def zoo_error(code: int, message: str, field: str | None = None) -> dict[str, Any]:
+    """The service core's error shape (zoo/service.py), as the front door sends it."""
+    body: dict[str, Any] = {"code": code, "type": REASONS[code].replace(" ", "").replace("-", "")}
+    if field is not None:
+        body["field"] = field
+    return {**body, "message": message}
+
+
+def openai_error(code: int, message: str, param: str | None = None, kind: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape; ``kind`` is its ``code`` string (``model_not_found``, ``invalid_api_key``, ...)."""
+    err_type = "invalid_request_error" if code < 500 else "server_error"
+    return {"error": {"message": message, "type": err_type, "param": param, "code": kind}}
+
+
+def both_shapes(code: int, message: str) -> dict[str, Any]:
+    """For a reply sent before the path is known: the zoo's fields and OpenAI's ``error`` in one object."""
+    return {**zoo_error(code, message), **openai_error(code, message, kind=REASONS[code].lower().replace(" ", "_"))}
+
+
+def _bodies(cfg: Any) -> dict[str, dict[str, Any]]:
+    """Every body the routes answer with, by file name (``<status>[-<what>].json``)."""
+    limit = cfg.max_request_bytes
+    busy = BUSY
+    return {
+        "413.json": both_shapes(413, f"request body over {limit} bytes"),
+        "414.json": both_shapes(414, "request target too long"),
+        "431.json": both_shapes(431, "request headers too large"),
+        "401.json": zoo_error(401, "missing or wrong key: send Authorization: Bearer <the server's key>"),
+        "401-v1.json": openai_error(401, "missing or wrong API key: send Authorization: Bearer <the server's key>",
+                                    kind="invalid_api_key"),
+        "405-ping.json": zoo_error(405, "method not allowed: GET or HEAD /ping"),
+        "405.json": zoo_error(405, "method not allowed: POST /predictions/<model>"),
+        "400-form.json": zoo_error(400, "form bodies are not accepted: send application/json or text/plain",
+                                   field="Content-Type"),
+        "404-model.json": zoo_error(404, f"no such model; served: {', '.join(cfg.models)}"),
+        "404.json": zoo_error(404, f"not found: {ROUTES}"),
+        "405-v1.json": openai_error(405, "method not allowed: POST /v1/completions", kind="method_not_allowed"),
+        "405-v1-models.json": openai_error(405, "method not allowed: GET /v1/models", kind="method_not_allowed"),
+        "400-v1-form.json": openai_error(400, "send the request as application/json", param=None,
+                                         kind="invalid_content_type"),
+        "400-v1-model.json": openai_error(400, "you must provide a model parameter (a JSON body with \"model\")",
+                                          param="model", kind="model_required"),
+        "404-v1-model.json": openai_error(404, f"the model does not exist; served: {', '.join(cfg.models)} "
+                                               "(GET /v1/models)", param="model", kind="model_not_found"),
+        "404-v1.json": openai_error(404, f"not found: {ROUTES}", kind="not_found"),
+        "503.json": zoo_error(503, busy),
+        "503-v1.json": openai_error(503, busy, kind="overloaded"),
+    }
+
+
+def _raw_reply(code: int, body: dict[str, Any], extra: str = "") -> bytes:
+    data = (json.dumps(body) + "\n").encode()
+    head = (f"HTTP/1.1 {code} {REASONS[code]}\r\nContent-Type: application/json\r\nCache-Control: no-cache\r\n"
+            f"Connection: close\r\n{extra}Content-Length: {len(data)}\r\n\r\n")
+    return head.encode() + data
+
+
+def _error_files(front: Path) -> str:
+    """HAProxy's own error pages (errorfile: a whole HTTP reply), both shapes, one per status it can send."""
+    messages = {400: "malformed HTTP request", 408: "the request was not sent in time", 413: "request too large",
+                500: "internal error in the front door", 502: "the model server is not answering; retry later",
+                503: BUSY, 504: "the model server did not answer in time; retry later"}
+    lines = []
+    for code in ERRORFILE_STATUSES:
+        extra = f"Retry-After: {RETRY_AFTER_S}\r\n" if code in (502, 503, 504) else ""
+        path = front / f"errorfile-{code}.http"
+        path.write_bytes(_raw_reply(code, both_shapes(code, messages.get(code, REASONS[code].lower())), extra))
+        lines.append(f'    errorfile {code} "{path}"')
+    return "\n".join(lines)
+
+
+def _lua(front: Path) -> Path:
+    """The services that answer a head refused by the TCP layer (HAProxy's HTTP parser would send HTML)."""
+    replies = {400: "malformed HTTP/1.1 request head (request line, header lines, NUL or control bytes, "
+                    "Content-Length)",
+               408: "the request head was not sent in time",
+               411: "send the body with a Content-Length (chunked request bodies are not accepted)",
+               431: "request head too large"}
+    out = []
+    for code, message in replies.items():
+        raw = _raw_reply(code, both_shapes(code, message)).decode()
+        lua = raw.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "\\r").replace("\n", "\\n")
+        out.append(f"core.register_service(\"zoo_{code}\", \"tcp\", function(applet)\n"
+                   f"    applet:send(\"{lua}\")\nend)\n")
+    path = front / "errors.lua"
+    path.write_text("\n".join(out), encoding="utf-8")
+    return path
+
+
+# -- /v1/models --------------------------------------------------------------------------------------------------
+def model_facts(checkpoint: Path) -> dict[str, Any]:
+    """What /v1/models says of a served model, from its checkpoint's config (the facts ``zoo info`` shows)."""
+    from zoo.checkpoint import read_config
+
+    config = read_config(checkpoint)
+    metrics = config.get("metrics") or {}
+    split = "test" if "test" in metrics else "valid" if "valid" in metrics else None
+    return {"architecture": config.get("architecture"), "dataset": config.get("dataset"),
+            "parameters": config.get("num_parameters"),
+            "metric": {"name": metrics.get("metric"), "split": split, "value": metrics.get(split)} if split else None}
+
+
+def models_json(checkpoints: dict[str, Path], created: int) -> dict[str, Any]:
+    """``GET /v1/models``'s reply for the served ``{name: checkpoint dir}``."""
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "alstm-zoo",
+                                        "zoo": model_facts(path)} for name, path in checkpoints.items()]}
+
+
+# -- keys --------------------------------------------------------------------------------------------------------
+def new_key() -> str:
+    return secrets.token_urlsafe(KEY_BYTES)
+
+
+def write_key_map(sock_dir: Path, key: str, expires: float) -> None:
+    _write_private(sock_dir / "keys.map", f"{key} {int(expires)}\n")
+
+
+def write_backend_map(sock_dir: Path, ts_inference_key: str) -> None:
+    _write_private(sock_dir / "backend.map", f"inference {ts_inference_key}\n")
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def admin(sock_dir: Path, command: str, timeout: float = 5.0) -> str:
+    """One command on the running proxy's admin socket (HAProxy's runtime API); its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(str(sock_dir / "admin.sock"))
+            s.sendall(command.encode() + b"\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        except OSError as e:
+            raise FrontDoorError(f"the front door's admin socket did not answer ({e})") from None
+    return out.decode(errors="replace")
+
+
+def replace_keys(sock_dir: Path, key: str, expires: float, ts_inference_key: str | None) -> None:
+    """New keys in a running proxy, without a restart: the maps in memory (runtime API) and on disk."""
+    for name, entries in (("keys.map", {key: str(int(expires))}),
+                          ("backend.map", {"inference": ts_inference_key} if ts_inference_key else {})):
+        if not entries:
+            continue
+        path = sock_dir / name
+        answer = admin(sock_dir, f"clear map {path}")
+        for k, v in entries.items():
+            answer += admin(sock_dir, f"add map {path} {k} {v}")
+        if answer.strip():
+            raise FrontDoorError(f"the front door refused new keys: {answer.strip()[:200]}")
+    write_key_map(sock_dir, key, expires)
+    if ts_inference_key:
+        write_backend_map(sock_dir, ts_inference_key)
+
+
+def _connections(wanted: int) -> int:
+    """Connections per layer: each client connection is two in the proxy (the TCP layer and the HTTP layer) and
+    HAProxy wants two descriptors per connection, within the process's hard limit of open files."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return wanted
+    return max(64, min(wanted, (hard - 400) // 4 - 50))
+
+
+# -- the config --------------------------------------------------------------------------------------------------
+def render(cfg: Any, front: Path, sock_dir: Path, checkpoints: dict[str, Path], response_timeout: int,
+           backend: str, ts_auth: bool) -> Path:
+    """All the proxy's files in ``front`` (made afresh); returns its config. ``backend``: TorchServe's inference
+    address as HAProxy names it (``unix@/path`` or ``host:port``). ``sock_dir`` (private, short, no spaces: its
+    paths go unquoted into sample expressions) holds the sockets and the key maps."""
+    shutil.rmtree(front, ignore_errors=True)
+    front.mkdir(parents=True, mode=0o700)
+    for name, body in _bodies(cfg).items():
+        (front / name).write_text(json.dumps(body) + "\n", encoding="utf-8")
+    _lua(front)
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    auth_rules = backend_auth = ""
+    if not cfg.disable_token_auth:
+        keys = sock_dir / "keys.map"
+        auth_rules = "\n".join([
+            f'    http-request set-var(txn.key_expires) http_auth_bearer,map_str_int({keys},0)',
+            "    http-request set-var(txn.now) date",
+            "    acl key_live var(txn.key_expires),sub(txn.now) gt 0",
+            f'    http-request return status 401 content-type application/json file "{front}/401-v1.json" '
+            'hdr WWW-Authenticate Bearer if v1 !key_live',
+            f'    http-request return status 401 content-type application/json file "{front}/401.json" '
+            'hdr WWW-Authenticate Bearer if !key_live'])
+        if not keys.exists():
+            write_key_map(sock_dir, "-", 0)
+    if ts_auth:
+        backend_auth = ('    http-request set-header Authorization '
+                        f'"Bearer %[str(inference),map({sock_dir}/backend.map)]"')
+        if not (sock_dir / "backend.map").exists():
+            write_backend_map(sock_dir, "-")
+    # a body waits whole in one buffer: room for the largest allowed body and its head
+    bufsize = cfg.max_request_bytes + 64 * 1024
+    maxconn = _connections(cfg.max_connections)
+    text = string.Template(HAPROXY_TEMPLATE.read_text(encoding="utf-8")).substitute(
+        front_dir=front, sock_dir=sock_dir, listen=f"{host}:{cfg.inference_port}", backend=backend,
+        client_timeout=cfg.client_timeout, send_timeout=3 * cfg.client_timeout,
+        upstream_timeout=response_timeout + 10, bufsize=bufsize, head_max=bufsize - 1024,
+        max_request_bytes=cfg.max_request_bytes, max_uri=8192, max_headers=16384,
+        maxconn=maxconn, global_maxconn=2 * maxconn + 100,
+        backend_maxconn=cfg.job_queue_size, retry_after=RETRY_AFTER_S,
+        model_names=" ".join(cfg.models), head_regex=HEAD_REGEX, errorfiles=_error_files(front),
+        auth_rules=auth_rules, backend_auth=backend_auth)
+    path = front / "haproxy.cfg"
+    path.write_text(text, encoding="utf-8")
+    (front / "models.json").write_text(json.dumps(models_json(checkpoints, int(time.time()))) + "\n",
+                                       encoding="utf-8")
+    return path
