@@ -117,7 +117,7 @@ def test_a_wrong_or_missing_key_is_401_in_openai_shape(server):
 BAD_BODIES: list[tuple[str, bytes | dict, int]] = [
     ("unknown model", {"model": "nope", "prompt": "x"}, 404),
     ("missing model", {"prompt": "x"}, 400),
-    ("model not a string", {"model": 5, "prompt": "x"}, 400),
+    ("model not a string", {"model": 5, "prompt": "x"}, 404),  # the front door: no served model has that name
     ("missing prompt", {"model": NAME}, 400),
     ("prompt a number", {"model": NAME, "prompt": 3}, 400),
     ("token id out of range", {"model": NAME, "prompt": [1, 10**9]}, 400),
