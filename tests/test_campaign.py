@@ -154,3 +154,21 @@ def test_the_deliver_step_keeps_what_does_not_fit_for_a_later_call(tmp_path):
     from zoo.tools.gpu_piece import deliver
     where = deliver(["a", "b", "c"], packs, tmp_path / "out")
     assert where["a"] == str(tmp_path / "out" / "a") and "collect it" in where["b"] and where["c"] == "no pack"
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("alstm-ptb-17m-ref", 17_197_800),            # reference-models.md 1.8: the paper's "17M"
+    ("lstm-ptb-17m-ref", 17_201_420),             # size-matched to it: 2 x 1415 (+0.02%)
+    ("hyperlstm-ln-ptbchar-4.9m-ref", 4_923_154),  # reference-models.md 2.6: the paper's LN HyperLSTM 4.92M
+])
+def test_the_queue_recipes_build_the_stated_sizes(name, params):
+    from zoo.data import load_corpus
+    from zoo.lm import LanguageModel
+    from zoo.train import recipe_path
+
+    recipe = Recipe.load(recipe_path(name))
+    with torch.device("meta"):   # (sizes only: no memory, no initialisation)
+        model = LanguageModel(vocab_size=len(load_corpus(recipe.dataset, None).vocab), **recipe.model)
+    assert sum(p.numel() for p in model.parameters()) == params
+    if name.startswith("lstm"):
+        assert abs(params - 17_197_800) / 17_197_800 < 1e-3
