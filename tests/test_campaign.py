@@ -172,3 +172,20 @@ def test_the_queue_recipes_build_the_stated_sizes(name, params):
     assert sum(p.numel() for p in model.parameters()) == params
     if name.startswith("lstm"):
         assert abs(params - 17_197_800) / 17_197_800 < 1e-3
+
+
+def test_concurrent_runs_benchmark_tiny_mode_writes_its_json(tmp_path, kill_data):  # noqa: F811
+    """benchmarks/concurrent_runs.py on the CPU with a tiny recipe: one and two workers, overlapping windows."""
+    recipe = write_recipe(tmp_path / "a.toml", epochs=1)
+    out = tmp_path / "concurrent_runs.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "concurrent_runs.py"), "--recipes", str(recipe),
+                           "--counts", "1", "2", "--device", "cpu", "--seconds", "1.5", "--warmup-steps", "2",
+                           "--data-dir", str(kill_data), "--out", str(out), "--no-readme"],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [r["runs"] for r in result["records"]] == [1, 2] and not result["cuda_graphs"]
+    for r in result["records"]:
+        assert len(r["per_run"]) == r["runs"]
+        assert all(x["tokens"] > 0 and x["seconds"] >= 1.5 for x in r["per_run"])
+        assert r["total_tokens_per_s"] == pytest.approx(sum(x["tokens_per_s"] for x in r["per_run"]))

@@ -20,13 +20,16 @@ A run starts from, in this order: its run dir under ``--runs-root`` (a warm mach
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,31 @@ from zoo.train import Recipe, recipe_path
 
 #: The device tool's return (``$OUT``): 8 files, 64 MiB in all; one file is piece.json.
 RETURN_FILES, RETURN_BYTES = 8, 64 * ferry.MiB
+
+
+@contextlib.contextmanager
+def mps_daemon(on: bool) -> Iterator[None]:
+    """With ``on``, a CUDA MPS control daemon for the processes started inside (they inherit its pipe folder from
+    the environment), stopped on the way out; without, nothing. MPS lets kernels of several processes share the
+    GPU at once instead of taking turns; it changes no setting of the device."""
+    if not on:
+        yield
+        return
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        raise SystemExit("--mps: nvidia-cuda-mps-control is not on this machine")
+    root = Path(tempfile.mkdtemp(prefix="mps-"))
+    keep = {k: os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
+    os.environ["CUDA_MPS_PIPE_DIRECTORY"], os.environ["CUDA_MPS_LOG_DIRECTORY"] = str(root), str(root)
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, check=False)
+        for k, v in keep.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass
@@ -161,14 +189,18 @@ def run_piece(args: argparse.Namespace) -> dict[str, Any]:
     start = time.monotonic()
     runs_root, packs_root = Path(args.runs_root), Path(args.runs_root).with_name("packs")
     pieces = [stage(r, runs_root, Path(args.ferry), Path(args.repo)) for r in args.recipes]
+    fresh = [p.name for p in pieces if p.started_from == "epoch 1"]
+    if args.must_resume and fresh:  # (a machine that went cold since the stage call: nothing to resume here)
+        raise SystemExit(f"gpu_piece: --must-resume, but {', '.join(fresh)} would start from epoch 1")
     extra = ["--pause-after-minutes", str(args.pause_after_minutes)] if args.pause_after_minutes else []
-    for p in pieces:
-        launch(p, args.device, args.data_dir, extra)
-    stop_at = start + args.budget_s - args.stop_margin_s
-    supervise(pieces, stop_at, kill_after_s=args.stop_margin_s * 2 / 3)
+    with mps_daemon(args.mps):
+        for p in pieces:
+            launch(p, args.device, args.data_dir, extra)
+        stop_at = start + args.budget_s - args.stop_margin_s
+        supervise(pieces, stop_at, kill_after_s=args.stop_margin_s * 2 / 3)
     pack_all(pieces, packs_root)
-    summary: dict[str, Any] = {"device": args.device, "budget_s": args.budget_s, "runs": {p.name: p.record
-                                                                                          for p in pieces}}
+    summary: dict[str, Any] = {"device": args.device, "budget_s": args.budget_s, "mps": args.mps,
+                               "runs": {p.name: p.record for p in pieces}}
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -196,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--data-dir", default=None)
     t.add_argument("--pause-after-minutes", type=float, default=0.0, help="also stop a run at its first epoch "
                    "end past this (passed to zoo train)")
+    t.add_argument("--must-resume", action="store_true", help="refuse to start any recipe from epoch 1 (after "
+                   "stage calls: a machine that went cold lost what they staged)")
+    t.add_argument("--mps", action="store_true", help="run the processes under a CUDA MPS daemon (use it when "
+                   "benchmarks/concurrent_runs.py measured it faster)")
     t.add_argument("--out", default=os.environ.get("OUT"), help="the device tool's return folder (default $OUT)")
     t.add_argument("--return", dest="return_", nargs="*", default=None,
                    help="which packs go into --out, in this order while they fit (default: all, in recipe order)")

@@ -2,7 +2,9 @@
 # The steps here around a GPU piece (zoo/tools/gpu_piece.sh runs it on the lent machine); the order and commands
 # of a whole session are in model_cards/runs/QUEUE.md.
 #
-#   bash zoo/tools/gpu_trip.sh out NAME [NAME...]   # before the device call(s)
+#   bash zoo/tools/gpu_trip.sh out NAME [NAME...]   # before a device call: data and packs of the NAMEs
+#   CARRY="NAME" bash zoo/tools/gpu_trip.sh out ...  # the data of every NAME, the pack of the CARRY ones only
+#   bash zoo/tools/gpu_trip.sh out                   # (no NAME) nothing to carry: a `collect` call
 #   bash zoo/tools/gpu_trip.sh back NAME FILES_AT   # after: FILES_AT/NAME is the returned pack; it is unpacked
 #                                                   # into runs/NAME and committed in model_cards/runs/NAME/
 #
@@ -29,7 +31,8 @@ case $what in
       dataset=$($py -c "import sys; from zoo.train import Recipe, recipe_path; print(Recipe.load(recipe_path(sys.argv[1])).dataset)" "$name")
       [ -d ".devrun/data/$dataset" ] || cp -r "${ZOO_DATA_DIR:-../shared/data}/$dataset" .devrun/data/  # (a dataset's name is its folder)
     done
-    $py -m zoo.tools.runpack carry "$@" --to .devrun/ferry
+    carry=${CARRY-$*}  # whose packs go (default: every NAME; CARRY="" none): one 17M pack fills a call
+    [ -z "$carry" ] || $py -m zoo.tools.runpack carry $carry --to .devrun/ferry
     for line in /zoo/pretrained/ '/model_cards/runs/*/'; do grep -qxF "$line" .git/info/exclude || echo "$line" >> .git/info/exclude; done
     for d in zoo/pretrained $(packs); do git rm -r -q --cached --ignore-unmatch "$d"; done
     echo "ready: $(du -sh .devrun | cut -f1) to carry; after the call: bash zoo/tools/gpu_trip.sh back NAME FILES_AT"
