@@ -189,3 +189,19 @@ def test_concurrent_runs_benchmark_tiny_mode_writes_its_json(tmp_path, kill_data
         assert len(r["per_run"]) == r["runs"]
         assert all(x["tokens"] > 0 and x["seconds"] >= 1.5 for x in r["per_run"])
         assert r["total_tokens_per_s"] == pytest.approx(sum(x["tokens_per_s"] for x in r["per_run"]))
+
+
+def test_a_checkpoint_written_before_any_log_line_carries(tmp_path, kill_data):  # noqa: F811
+    """A piece killed in its first epoch leaves only a periodic checkpoint and no log: it still carries."""
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml"))
+    t = Trainer(recipe, tmp_path / "a", data_dir=str(kill_data), progress=False)
+    for _ in range(3):
+        x, y, seq_len, t.pos = t._next_batch(None)
+        t.train_step(x, y, seq_len)
+        t.step += 1
+    t.save_training_checkpoint()
+    assert not (tmp_path / "a" / "log.jsonl").exists()
+    ferry.pack(tmp_path / "a", tmp_path / "out")
+    assert ferry.unpack(tmp_path / "out", tmp_path / "b")["step"] == 3
+    b = Trainer(recipe, tmp_path / "b", data_dir=str(kill_data), progress=False)
+    assert b.load_training_checkpoint() and (b.step, b.pos) == (3, t.pos)

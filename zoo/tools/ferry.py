@@ -273,7 +273,8 @@ def unpack(parts_dir: Path, run_dir: Path, force: bool = False) -> dict[str, Any
                 meta["best_val"] = to
             # meta's log_bytes stays: it marks where the checkpoint's epochs end in the log; the event line
             # appended here is kept by a resume's trim as every event line is
-            log = (got / "log.jsonl").read_text(encoding="utf-8") + json.dumps(event) + "\n"
+            carried_log = got / "log.jsonl"  # (none before a run's first log line: a checkpoint mid-epoch 1)
+            log = (carried_log.read_text(encoding="utf-8") if carried_log.is_file() else "") + json.dumps(event) + "\n"
             for stale in ("eval.json", "release"):  # a finish here rewrites them from the carried best/
                 path = run_dir / stale
                 if path.is_dir():

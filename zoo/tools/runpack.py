@@ -71,10 +71,10 @@ def commit_pack(repo: Path, name: str, source: Path, message: str = "") -> dict[
     rel = str(PACKS / name)
     _git(repo, "add", "-A", "--", rel)
     if _git(repo, "status", "--porcelain", "--", rel).strip():
-        done = manifest["epoch"] - 1 + (manifest["pos"] > 0)
-        msg = message or (f"{name}: ferry pack after a GPU piece, epoch {manifest['epoch']} pos {manifest['pos']} "
-                          f"step {manifest['step']} ({done} epochs begun; {manifest['bytes'] / 1e6:.1f} MB, from "
-                          f"{manifest['from']}): replaces the previous pack")
+        where = f" and {manifest['pos']} rows of the next" if manifest["pos"] else ""
+        msg = message or (f"{name}: ferry pack after a GPU piece, {manifest['epoch'] - 1} epochs{where} done, step "
+                          f"{manifest['step']} ({manifest['bytes'] / 1e6:.1f} MB, from {manifest['from']}): "
+                          f"replaces the previous pack")
         _git(repo, "commit", "-q", "-m", msg, "--", rel)
     return manifest
 
