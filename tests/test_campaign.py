@@ -205,3 +205,25 @@ def test_a_checkpoint_written_before_any_log_line_carries(tmp_path, kill_data): 
     assert ferry.unpack(tmp_path / "out", tmp_path / "b")["step"] == 3
     b = Trainer(recipe, tmp_path / "b", data_dir=str(kill_data), progress=False)
     assert b.load_training_checkpoint() and (b.step, b.pos) == (3, t.pos)
+
+
+def test_a_piece_starts_from_the_later_of_the_carried_pack_and_the_machines_run_dir(tmp_path, kill_data):  # noqa: F811
+    from zoo.tools.gpu_piece import stage
+
+    path = write_recipe(tmp_path / "r.toml")
+    t = Trainer(Recipe.load(path), tmp_path / "a", data_dir=str(kill_data), progress=False)
+    for name in ("early", "late"):
+        for _ in range(2):
+            x, y, seq_len, t.pos = t._next_batch(None)
+            t.train_step(x, y, seq_len)
+            t.step += 1
+        t.save_training_checkpoint()
+        ferry.pack(tmp_path / "a", tmp_path / name / "tiny-alstm")
+    runs = tmp_path / "runs"
+    assert stage(str(path), runs, tmp_path / "none", tmp_path).started_from == "epoch 1"
+    first = stage(str(path), runs, tmp_path / "early", tmp_path)   # a cold machine: the carried pack
+    assert (first.started_from, first.step_before) == (f"the carried pack {tmp_path / 'early' / 'tiny-alstm'}", 2)
+    later = stage(str(path), runs, tmp_path / "late", tmp_path)    # a pack ahead of the machine's run dir
+    assert (later.started_from, later.step_before) == (f"the carried pack {tmp_path / 'late' / 'tiny-alstm'}", 4)
+    warm = stage(str(path), runs, tmp_path / "early", tmp_path)    # the machine's run dir ahead of the pack
+    assert (warm.started_from, warm.step_before) == ("this machine's run dir", 4)

@@ -8,9 +8,9 @@ the last periodic checkpoint). Every run is then packed (:mod:`zoo.tools.ferry`)
 that fit the device tool's return (8 files, 64 MiB) are copied into ``--out`` with ``piece.json`` (what each run
 did); a pack that does not fit waits on the warm machine for ``collect`` in the next call.
 
-A run starts from, in this order: its run dir under ``--runs-root`` (a warm machine's earlier piece), a pack in
-``--ferry/<name>/`` (carried out by ``zoo/tools/gpu_trip.sh out``), the committed pack in
-``model_cards/runs/<name>/`` (:mod:`zoo.tools.runpack`), else epoch 1.
+A run starts from the latest of: a pack in ``--ferry/<name>/`` (carried out by ``zoo/tools/gpu_trip.sh out``) and
+its run dir under ``--runs-root`` (a warm machine's earlier piece, or a ``stage`` call's); else from the committed
+pack in ``model_cards/runs/<name>/`` (:mod:`zoo.tools.runpack`, when it travelled in the tree); else epoch 1.
 
     python -m zoo.tools.gpu_piece train alstm-ptb-17m-ref lstm-ptb-17m-ref --budget-s 500 --out $OUT
     python -m zoo.tools.gpu_piece collect lstm-ptb-17m-ref --out $OUT   # the next call, same warm machine
@@ -90,12 +90,17 @@ def stage(recipe: str, runs_root: Path, ferry_root: Path, repo: Path) -> Piece:
     """The run dir for ``recipe``, made resumable from the best source there is (see the module docstring)."""
     name = Recipe.load(recipe_path(recipe)).name
     piece = Piece(recipe, name, runs_root / name)
-    if (piece.run_dir / "checkpoint" / "meta.json").is_file():
+    mine = (piece.run_dir / "checkpoint" / "meta.json").is_file()
+    if (ferry_root / name / ferry.MANIFEST).is_file():
+        try:   # (refused when this machine's run dir is not behind the carried pack: then that one goes on)
+            ferry.unpack(ferry_root / name, piece.run_dir)
+            piece.started_from = f"the carried pack {ferry_root / name}"
+        except ferry.FerryError:
+            if not mine:
+                raise
+    if piece.started_from == "epoch 1" and mine:
         piece.started_from = "this machine's run dir"
-    elif (ferry_root / name / ferry.MANIFEST).is_file():
-        ferry.unpack(ferry_root / name, piece.run_dir)
-        piece.started_from = f"the carried pack {ferry_root / name}"
-    elif runpack.restore(repo, name, piece.run_dir) is not None:
+    elif piece.started_from == "epoch 1" and runpack.restore(repo, name, piece.run_dir) is not None:
         piece.started_from = f"the committed pack {runpack.PACKS / name}"
     piece.step_before = _step(piece.run_dir)
     return piece
