@@ -106,11 +106,11 @@ def stage(recipe: str, runs_root: Path, ferry_root: Path, repo: Path) -> Piece:
     return piece
 
 
-def launch(piece: Piece, device: str, data_dir: str | None, extra: list[str]) -> None:
+def launch(piece: Piece, device: str, data_dir: str | None, extra: list[str], graphs: bool = True) -> None:
     """``zoo train --resume`` for one recipe, its output in its run dir (the environment is inherited)."""
     cmd = [sys.executable, "-m", "zoo.cli", "train", piece.recipe, "--device", device, "--run-dir",
            str(piece.run_dir), "--resume", *extra]
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and graphs:
         cmd.append("--cuda-graphs")
     if data_dir:
         cmd += ["--data-dir", data_dir]
@@ -200,7 +200,7 @@ def run_piece(args: argparse.Namespace) -> dict[str, Any]:
     extra = ["--pause-after-minutes", str(args.pause_after_minutes)] if args.pause_after_minutes else []
     with mps_daemon(args.mps):
         for p in pieces:
-            launch(p, args.device, args.data_dir, extra)
+            launch(p, args.device, args.data_dir, extra, graphs=p.name not in args.eager)
         stop_at = start + args.budget_s - args.stop_margin_s
         supervise(pieces, stop_at, kill_after_s=args.stop_margin_s * 2 / 3)
     pack_all(pieces, packs_root)
@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--data-dir", default=None)
     t.add_argument("--pause-after-minutes", type=float, default=0.0, help="also stop a run at its first epoch "
                    "end past this (passed to zoo train)")
+    t.add_argument("--eager", nargs="*", default=[], help="recipe names trained without CUDA graphs (a model whose "
+                   "captured step has not passed its parity test on this GPU)")
     t.add_argument("--must-resume", action="store_true", help="refuse to start any recipe from epoch 1 (after "
                    "stage calls: a machine that went cold lost what they staged)")
     t.add_argument("--mps", action="store_true", help="run the processes under a CUDA MPS daemon (use it when "
