@@ -196,7 +196,8 @@ def run_piece(args: argparse.Namespace) -> dict[str, Any]:
     pieces = [stage(r, runs_root, Path(args.ferry), Path(args.repo)) for r in args.recipes]
     fresh = [p.name for p in pieces if p.started_from == "epoch 1"]
     if args.must_resume and fresh:  # (a machine that went cold since the stage call: nothing to resume here)
-        raise SystemExit(f"gpu_piece: --must-resume, but {', '.join(fresh)} would start from epoch 1")
+        print(f"gpu_piece: --must-resume, but {', '.join(fresh)} would start from epoch 1", file=sys.stderr)
+        raise SystemExit(3)
     extra = ["--pause-after-minutes", str(args.pause_after_minutes)] if args.pause_after_minutes else []
     with mps_daemon(args.mps):
         for p in pieces:
