@@ -13,8 +13,9 @@ through ``$OUT``: at most 8 files, 16 MiB each, 64 MiB together. A training chec
   within half that (4.2%). The moment is itself a running average of noisy squared gradients, and the next steps
   pull it back. A carried run packed again comes back bit-identical (weights and codes).
 * **Adam's first moment is not carried** when ``beta1 = 0`` (the reference aLSTM's): each step then overwrites it
-  with the step's gradient before reading it. A run with ``beta1 > 0`` is refused: its first moment would need
-  the room the weights take.
+  with the step's gradient before reading it. With ``beta1 > 0`` (the HyperLSTM's Adam) it travels as float16,
+  like the weights (a 4.9M model's pack grows from 15 to 25 MB; the size check below still applies). Other
+  optimisers are refused.
 * Everything else exactly: the step counters, every RNG state, the carried hidden state, the data position, the
   history and the log.
 
@@ -72,7 +73,7 @@ LEVELS = 254  # codes 1..255 span a tensor's log2 range; 0 is an exact zero
 
 
 class FerryError(Exception):
-    """A run that cannot be carried (no checkpoint, beta1 > 0, too large) or parts that do not check out."""
+    """A run that cannot be carried (no checkpoint, not Adam, too large) or parts that do not check out."""
 
 
 def encode_log8(v: torch.Tensor) -> tuple[torch.Tensor, float, float]:
@@ -102,6 +103,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _half(name: str, v: torch.Tensor) -> torch.Tensor:
+    half = v.to(torch.float16)
+    if not bool(torch.isfinite(half).all()):
+        raise FerryError(f"{name} does not fit float16 (a value beyond 65504)")
+    return half
+
+
 def _weights_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k].to(a[k].dtype)) for k in a)
 
@@ -121,20 +129,19 @@ def _pack(run_dir: Path, out_dir: Path) -> dict[str, Any]:
         raise FerryError(f"{run_dir} has no checkpoint to carry")
     meta = json.loads((ckpt / "meta.json").read_text())
     groups = meta["optim_scalars"]["param_groups"]
-    if meta["optimizer"] != "adam" or any(g["betas"][0] != 0 for g in groups):
-        raise FerryError("only Adam with beta1 = 0 can be carried (its first moment is rebuilt by each step)")
+    if meta["optimizer"] != "adam":
+        raise FerryError(f"only Adam can be carried (this run's optimiser is {meta['optimizer']})")
+    first_moment = any(g["betas"][0] != 0 for g in groups)  # beta1 = 0: each step overwrites exp_avg first
     tensors = load_file(str(ckpt / "state.safetensors"))
     packed: dict[str, torch.Tensor] = {}
     ranges: dict[str, list[float]] = {}
     weights = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
     for k, v in tensors.items():
         if k.startswith("model."):
-            half = v.to(torch.float16)
-            if v.is_floating_point() and not bool(torch.isfinite(half).all()):
-                raise FerryError(f"{k} does not fit float16 (a value beyond 65504)")
-            packed[k] = half if v.is_floating_point() else v
+            packed[k] = _half(k, v) if v.is_floating_point() else v
         elif k.startswith("optim.") and k.endswith(".exp_avg"):
-            continue
+            if first_moment:
+                packed[k] = _half(k, v)
         elif k.startswith("optim.") and k.endswith(".exp_avg_sq"):
             if not bool(torch.isfinite(v).all()):
                 raise FerryError(f"{k} is not finite: the run has diverged, nothing worth carrying")
@@ -202,16 +209,24 @@ def _swap_in(staged: Path, target: Path) -> None:
         shutil.rmtree(old)
 
 
+def check_parts(parts_dir: Path) -> dict[str, Any]:
+    """The manifest of the pack in ``parts_dir``, once every part matches its SHA-256."""
+    if not (parts_dir / MANIFEST).is_file():
+        raise FerryError(f"{parts_dir} holds no {MANIFEST}: not a pack")
+    manifest = json.loads((parts_dir / MANIFEST).read_text())
+    for p in manifest["parts"]:
+        if _sha256(parts_dir / p["name"]) != p["sha256"]:
+            raise FerryError(f"{parts_dir / p['name']} does not match its SHA-256 in the manifest")
+    return manifest
+
+
 def unpack(parts_dir: Path, run_dir: Path, force: bool = False) -> dict[str, Any]:
     """Make ``run_dir`` resumable from :func:`pack`'s parts (refusing to go back over a later checkpoint).
 
     Under the run's lock, in place, in an order that a crash at any point leaves resumable and that a second
     unpack completes: the log first (a resume trims what it holds past the older checkpoint), then ``best/``,
     then the checkpoint; a finished run's stale ``release/`` and ``eval.json`` go first of all."""
-    manifest = json.loads((parts_dir / MANIFEST).read_text())
-    for p in manifest["parts"]:
-        if _sha256(parts_dir / p["name"]) != p["sha256"]:
-            raise FerryError(f"{parts_dir / p['name']} does not match its SHA-256 in the manifest")
+    manifest = check_parts(parts_dir)
     carried = (manifest["epoch"], manifest.get("pos", 0))
     with run_lock(run_dir):
         mine = run_dir / "checkpoint" / "meta.json"
@@ -239,23 +254,27 @@ def unpack(parts_dir: Path, run_dir: Path, force: bool = False) -> dict[str, Any
             meta = json.loads((got / "meta.json").read_text())
             state: dict[str, torch.Tensor] = {}
             for k, v in packed.items():
-                if k.startswith("model.") and v.dtype == torch.float16:
+                if (k.startswith("model.") or k.endswith(".exp_avg")) and v.dtype == torch.float16:
                     state[k] = v.float()
                 elif k in ranges:
                     state[k] = decode_log8(v, *ranges[k])
-                    state[k[: -len("_sq")]] = torch.zeros_like(state[k])  # exp_avg: overwritten by the next step
+                    if k[: -len("_sq")] not in packed:  # beta1 = 0: exp_avg is overwritten by the next step
+                        state[k[: -len("_sq")]] = torch.zeros_like(state[k])
                 else:
                     state[k] = v
             event: dict[str, Any] = {"event": "ferried", "from": manifest.get("from"), "epoch": meta["epoch"] - 1,
                                      "pos": meta["pos"], "step": meta["step"], "weights": "float16",
                                      "adam_exp_avg_sq": "8-bit log2 code"}
+            if any(k.endswith(".exp_avg") for k in packed):
+                event["adam_exp_avg"] = "float16"
             if not manifest["best_is_checkpoint"]:  # best/'s own weights did not travel: see the module docstring
                 to = math.inf if manifest["mid_epoch"] else manifest["last_val"]
                 event["best_reset"] = {"from": meta["best_val"], "to": to}
                 meta["best_val"] = to
             # meta's log_bytes stays: it marks where the checkpoint's epochs end in the log; the event line
             # appended here is kept by a resume's trim as every event line is
-            log = (got / "log.jsonl").read_text(encoding="utf-8") + json.dumps(event) + "\n"
+            carried_log = got / "log.jsonl"  # (none before a run's first log line: a checkpoint mid-epoch 1)
+            log = (carried_log.read_text(encoding="utf-8") if carried_log.is_file() else "") + json.dumps(event) + "\n"
             for stale in ("eval.json", "release"):  # a finish here rewrites them from the carried best/
                 path = run_dir / stale
                 if path.is_dir():

@@ -46,6 +46,9 @@ BENCHMARKS = [
     # one section per other model measured (``benchmarks/dynamic_eval.py --model NAME``); {} is NAME
     ("dynamic_eval-*.md", "Dynamic evaluation of `{}`: the defaults and two neighbours on validation, once on test"),
     ("cuda_step.md", "CUDA graphs: the captured training step against the eager one (a lent GPU)"),
+    ("concurrent_runs.md", "Several training runs on one GPU: tokens/s in all for 1, 2, 3 processes"),
+    ("concurrent_runs_mps.md", "Several training runs on one GPU under CUDA MPS: tokens/s in all"),
+    ("campaign_pack.md", "The GPU campaign's committed pack: size per piece, repository growth, resume gap"),
     ("card_reproduction.md", "Every card's test number, reproduced by the command the card gives"),
 ]
 
