@@ -41,7 +41,8 @@ lines for a streamed generation, nothing until the whole JSON reply otherwise.
 
 Three parts, so that another wire format (a dialect) is a new parser and formatter, never a scheduler change:
 parsing a request into a job (:meth:`ZooDialect.parse`), scheduling and running jobs (:class:`zoo.scheduler.
-Scheduler`), formatting a job's progress into bytes (:meth:`ZooDialect.chunk`).
+Scheduler`), formatting a job's progress into bytes (:meth:`ZooDialect.chunk`). A request picks its dialect with
+the ``X-Zoo-Api`` header (:data:`DIALECTS`; absent: the zoo's own; unknown: 400 naming the header).
 
 Ready means ready: :meth:`ZooService.initialize` scores a short text and takes one generation step before it
 returns, so TorchServe reports the model READY only once it can answer at full speed (the compiled loops are
@@ -59,7 +60,7 @@ logger = logging.getLogger(__name__)
 try:
     import torch
 
-    from zoo.errors import ServerBusy, ZooError
+    from zoo.errors import InvalidRequest, ServerBusy, ZooError
     from zoo.generation import SamplingParams
     from zoo.pretrained import ZooModel
     from zoo.scheduler import STEP_POSITIONS, Job, Scheduler
@@ -120,6 +121,11 @@ class ZooDialect:
         return body
 
 
+ZOO = ZooDialect()
+#: The wire formats, by the ``X-Zoo-Api`` request header's value (absent: ``zoo``).
+DIALECTS: dict[str, ZooDialect] = {"zoo": ZOO}
+
+
 # -- the service ----------------------------------------------------------------------------------------------
 class ZooService:
     """Loads the archived checkpoint once per worker and serves batches through :class:`zoo.scheduler.Scheduler`."""
@@ -127,7 +133,8 @@ class ZooService:
     def __init__(self) -> None:
         self.service: Service | None = None
         self.scheduler: Scheduler | None = None
-        self.dialect = ZooDialect()
+        #: the wire format of each request in progress, by TorchServe request id (:data:`DIALECTS`)
+        self.dialects: dict[str, ZooDialect] = {}
         self.tokens_metric: Any = None
         self.model_name = "model"
         #: requests whose whole reply went out in the previous call, closed by an empty last chunk in this one
@@ -184,15 +191,24 @@ class ZooService:
 
     # Each request of a batch gets its own status, content type and body.
     @staticmethod
-    def _content_type(context: Any, idx: int) -> str:
+    def _header(context: Any, idx: int, name: str) -> str:
         headers = context.get_all_request_header(idx) or {}
         for key, value in headers.items():
-            if isinstance(value, str) and key.lower() == "content-type":
+            if isinstance(value, str) and key.lower() == name:
                 return value
         for value in headers.values():
-            if isinstance(value, dict) and value.get("content-type"):
-                return str(value["content-type"])
+            if isinstance(value, dict) and value.get(name):
+                return str(value[name])
         return ""
+
+    def _dialect(self, context: Any, idx: int, rid: str) -> ZooDialect:
+        """The wire format of request ``idx`` (its ``X-Zoo-Api`` header; the zoo's own by default), kept for the
+        rest of its reply."""
+        name = self._header(context, idx, "x-zoo-api").strip().lower() or "zoo"
+        if name not in DIALECTS:
+            raise InvalidRequest("X-Zoo-Api", f"unknown API {name[:40]!r}; known: {', '.join(sorted(DIALECTS))}")
+        self.dialects[rid] = DIALECTS[name]
+        return DIALECTS[name]
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """Answer every request of the batch; a failure is confined to its own request (never raised).
@@ -204,7 +220,10 @@ class ZooService:
         n = len(data)
         ids = [str(context.request_ids[i]) for i in range(n)]
         present = set(ids)
-        self.scheduler.forget(set(self.scheduler.jobs) - present)  # the frontend dropped it (client gone, timeout)
+        gone = (set(self.scheduler.jobs) | set(self.dialects)) - present  # the frontend dropped them (client gone)
+        self.scheduler.forget(gone)
+        for rid in gone:
+            self.dialects.pop(rid, None)
         self.closing &= present
         self.dropping &= present
         out: list[bytes] = [b""] * n
@@ -241,16 +260,17 @@ class ZooService:
         try:
             context.set_response_header(idx, "X-Zoo-Batch-Size", str(n))
             raw = row.get("body", row.get("data")) if isinstance(row, dict) else None
-            request = self.dialect.parse(raw, self._content_type(context, idx), self.service.limits)
+            request = self._dialect(context, idx, rid).parse(raw, self._header(context, idx, "content-type"),
+                                                             self.service.limits)
             self.scheduler.admit(rid, request)
             return b"", True
         except ZooError as e:  # bad input, over the budget, no generation place: its own 4xx/503
             if isinstance(e, ServerBusy):
                 context.set_response_header(idx, "Retry-After", str(e.retry_after_s))
-            return self._whole(context, idx, rid, error_status(e), self.dialect.error(e)), None
+            return self._whole(context, idx, rid, error_status(e), self.dialects.get(rid, ZOO).error(e)), None
         except Exception:  # a bug in parsing: this request alone fails
             logger.exception("parsing request %d failed", idx)
-            return self._whole(context, idx, rid, 500, self.dialect.error(None, "parsing")), None
+            return self._whole(context, idx, rid, 500, self.dialects.get(rid, ZOO).error(None, "parsing")), None
 
     def _progress(self, context: Any, idx: int, rid: str, job: Job, first: bool) -> tuple[bytes, bool | None]:
         """This call's bytes for a job and whether it goes on (TorchServe's ``ts_stream_next``: True = more to
@@ -262,13 +282,14 @@ class ZooService:
         kept-alive connection, and a lone last chunk loses the status line), so it goes out as an opening chunk
         and the request is closed by an empty last chunk in the next call, which the frontend makes at once."""
         assert self.scheduler is not None
+        dialect = self.dialects.get(rid, ZOO)
         pieces = job.take_pieces()
         if first and job.done and job.error is not None:  # nothing sent yet: an ordinary error reply
             self.scheduler.forget([rid])
-            return self._whole(context, idx, rid, job.status, self.dialect.error(job.error, job.request.task)), None
+            return self._whole(context, idx, rid, job.status, dialect.error(job.error, job.request.task)), None
         if first:
-            context.set_response_content_type(idx, self.dialect.content_type(job))
-        body = self.dialect.chunk(job, pieces)
+            context.set_response_content_type(idx, dialect.content_type(job))
+        body = dialect.chunk(job, pieces)
         if not job.done:
             return body, True
         self.scheduler.forget([rid])
