@@ -24,7 +24,7 @@ of the batch are still served and the worker never dies (anything unforeseen fai
 never the batch).
 
 Fair sharing (:mod:`zoo.scheduler`, where the reasons are written down): every request is a job cut into bounded
-steps (at most ``step_positions`` positions: a chunk of a score request's own texts, the state carried exactly as the
+steps (at most ``step_tokens`` tokens: a chunk of a score request's own texts, the state carried exactly as the
 library scores long texts, or one generated token), and each handler call gives every job in progress one step
 per round, score chunks and generation steps alike. Texts of different requests are never padded to each
 other's length, so a request's latency depends on its own size, and a client looping the largest request moves
@@ -63,7 +63,7 @@ try:
     from zoo.errors import InvalidRequest, ServerBusy, ZooError
     from zoo.generation import SamplingParams
     from zoo.pretrained import ZooModel
-    from zoo.scheduler import STEP_POSITIONS, Job, Scheduler
+    from zoo.scheduler import STEP_TOKENS, Job, Scheduler
     from zoo.service import (
         GenerateRequest,
         Limits,
@@ -167,7 +167,7 @@ class ZooService:
         self.service = Service(model, limits)
         batch = int(context.system_properties.get("batch_size") or 8)
         gens = int(cfg.get("max_generations") or max(1, batch // 2))
-        self.scheduler = Scheduler(self.service, int(cfg.get("step_positions") or STEP_POSITIONS), gens)
+        self.scheduler = Scheduler(self.service, int(cfg.get("step_tokens") or STEP_TOKENS), gens)
         self._warm_up()
         try:
             from ts.metrics.metric_type_enum import MetricTypes
