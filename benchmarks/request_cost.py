@@ -35,7 +35,7 @@ import torch
 
 import zoo
 from zoo.data import corpus_files
-from zoo.scheduler import STEP_POSITIONS
+from zoo.scheduler import STEP_TOKENS
 from zoo.scoring import run_steps
 from zoo.service import GenerateRequest, Limits, Service, parse_request
 from zoo.tools.readme import write_result
@@ -95,13 +95,27 @@ def time_request(service: Service, body: dict[str, Any], repeats: int) -> dict[s
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         if isinstance(req, GenerateRequest):
-            list(service.stream_steps(req, STEP_POSITIONS))
+            list(service.stream_steps(req, STEP_TOKENS))
         else:
-            run_steps(service.score_steps(req, STEP_POSITIONS))
+            run_steps(service.score_steps(req, STEP_TOKENS))
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - t0)
     return {"tokens": n, "texts": len(body.get("texts", [])) or None, "seconds": statistics.median(cpu),
             "cpu_seconds_runs": cpu, "wall_seconds_runs": wall}
+
+
+def step_cost(service: Service, words: list[str], rows: int, repeats: int = 5) -> float:
+    """Median CPU seconds of one scheduler step (:data:`STEP_TOKENS` tokens) of a score request of ``rows``
+    long texts: the most a worker spends on one request before turning to the next."""
+    text = " ".join(words[:600])
+    steps = service.score_steps(parse_request({"texts": [text] * rows}, service.limits), STEP_TOKENS)
+    next(steps)  # the first step also encodes
+    cpu = []
+    for _ in range(repeats):
+        c0 = time.process_time()
+        next(steps)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(cpu)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -112,7 +126,9 @@ def markdown(result: dict[str, Any]) -> str:
             f"{result['machine']['load_avg'][0]:.1f}), one thread, median of {result['repeats']}; limits: "
             f"`max_total_tokens` {lim['max_total_tokens']:,}, `max_generate_tokens` {lim['max_generate_tokens']:,}, "
             f"`max_new_tokens` {lim['max_new_tokens']}, {lim['max_chars']:,} characters per text:\n\n"
-            + "\n".join(rows) + f"\n\nthe costliest: {result['max_seconds']:.2f} s")
+            + "\n".join(rows) + f"\n\nthe costliest: {result['max_seconds']:.2f} s; one scheduler step "
+            f"({result['step_tokens']} tokens): {1000 * result['step_seconds']['1']:.1f} ms for one text, "
+            f"{1000 * result['step_seconds']['16']:.1f} ms for 16")
 
 
 def main() -> None:
@@ -124,14 +140,15 @@ def main() -> None:
     torch.set_num_threads(1)
     limits = Limits()
     service = Service(zoo.load(args.model), limits)
-    run_steps(service.score_steps(parse_request({"text": "the cat"}), STEP_POSITIONS))  # warm
+    run_steps(service.score_steps(parse_request({"text": "the cat"}), STEP_TOKENS))  # warm
     out = {name: time_request(service, body, args.repeats)
            for name, body in requests_at_the_limits(service, limits, words_of_test_split()).items()}
     for name, r in out.items():
         print(f"{name}: {r['tokens']:,} tokens, {r['seconds']:.2f} s", flush=True)
+    steps = {str(rows): step_cost(service, words_of_test_split(), rows) for rows in (1, 16)}
     result = {"model": args.model, "limits": {k: getattr(limits, k) for k in (
         "max_total_tokens", "max_generate_tokens", "max_new_tokens", "max_texts", "max_chars")},
-        "step_positions": STEP_POSITIONS, "repeats": args.repeats, "requests": out,
+        "step_tokens": STEP_TOKENS, "step_seconds": steps, "repeats": args.repeats, "requests": out,
         "max_seconds": max(r["seconds"] for r in out.values()),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -24,7 +24,7 @@ of the batch are still served and the worker never dies (anything unforeseen fai
 never the batch).
 
 Fair sharing (:mod:`zoo.scheduler`, where the reasons are written down): every request is a job cut into bounded
-steps (at most ``step_positions`` positions: a chunk of a score request's own texts, the state carried exactly as the
+steps (at most ``step_tokens`` tokens: a chunk of a score request's own texts, the state carried exactly as the
 library scores long texts, or one generated token), and each handler call gives every job in progress one step
 per round, score chunks and generation steps alike. Texts of different requests are never padded to each
 other's length, so a request's latency depends on its own size, and a client looping the largest request moves
@@ -41,9 +41,10 @@ lines for a streamed generation, nothing until the whole JSON reply otherwise.
 
 Three parts, so that another wire format (a dialect) is a new parser and formatter, never a scheduler change:
 parsing a request into a job (:meth:`ZooDialect.parse`), scheduling and running jobs (:class:`zoo.scheduler.
-Scheduler`), formatting a job's progress into bytes (:meth:`ZooDialect.chunk`). Two dialects: the zoo's own, and
-OpenAI's completions API (:class:`OpenAIDialect`, :mod:`zoo.completions`), which the front door selects by setting
-``X-Zoo-Api: openai`` on ``POST /v1/completions`` (it removes that header from every other request).
+Scheduler`), formatting a job's progress into bytes (:meth:`ZooDialect.chunk`). A request picks its dialect with
+the ``X-Zoo-Api`` header (:data:`DIALECTS`; absent: the zoo's own; unknown: 400 naming the header): ``openai`` is
+OpenAI's completions API (:class:`OpenAIDialect`, :mod:`zoo.completions`), which the front door sets on
+``POST /v1/completions`` (and removes from every other request, so a client cannot choose it on the native route).
 
 Ready means ready: :meth:`ZooService.initialize` scores a short text and takes one generation step before it
 returns, so TorchServe reports the model READY only once it can answer at full speed (the compiled loops are
@@ -66,7 +67,7 @@ try:
     from zoo.errors import InvalidRequest, ServerBusy, ZooError
     from zoo.generation import SamplingParams
     from zoo.pretrained import ZooModel
-    from zoo.scheduler import STEP_POSITIONS, Job, Scheduler
+    from zoo.scheduler import STEP_TOKENS, Job, Scheduler
     from zoo.service import (
         GenerateRequest,
         Limits,
@@ -87,8 +88,6 @@ NDJSON_TYPE = "application/x-ndjson"
 SSE_TYPE = "text/event-stream"
 PHRASES = {400: "Bad Request", 404: "Not Found", 413: "Payload Too Large", 500: "Internal Server Error",
            503: "Service Unavailable"}
-#: The request header by which the front door selects the OpenAI-compatible dialect.
-API_HEADER, OPENAI = "x-zoo-api", "openai"
 TOKENS_METRIC = "zoo_tokens_scored_total"
 INTERNAL = {"code": 500, "type": "InternalServerError", "message": "{what} failed; see model_log.log"}
 
@@ -128,9 +127,14 @@ class ZooDialect:
         return body
 
 
+ZOO = ZooDialect()
+#: The wire formats, by the ``X-Zoo-Api`` request header's value (absent: ``zoo``).
+DIALECTS: dict[str, ZooDialect] = {"zoo": ZOO}
+
+
 class OpenAIDialect:
-    """OpenAI's completions API (:mod:`zoo.completions`): the request becomes a
-    :class:`~zoo.completions.CompletionRequest`, whose progress is its :class:`~zoo.completions.CompletionRun`'s;
+    """OpenAI's completions API (:mod:`zoo.completions`), for the one model this worker serves: the request becomes
+    a :class:`~zoo.completions.CompletionRequest`, whose progress is its :class:`~zoo.completions.CompletionRun`'s;
     replies and errors are OpenAI's shapes, a stream is server-sent events ending with ``data: [DONE]``."""
 
     def __init__(self, tokenizer: Any, served: str):
@@ -175,8 +179,10 @@ class ZooService:
     def __init__(self) -> None:
         self.service: Service | None = None
         self.scheduler: Scheduler | None = None
-        self.dialect = ZooDialect()
-        self.openai: OpenAIDialect | None = None
+        #: the wire format of each request in progress, by TorchServe request id (:data:`DIALECTS`)
+        self.dialects: dict[str, Any] = {}
+        #: the wire formats this worker speaks: :data:`DIALECTS` and, once its model is loaded, ``openai``
+        self.apis: dict[str, Any] = dict(DIALECTS)
         self.tokens_metric: Any = None
         self.model_name = "model"
         #: requests whose whole reply went out in the previous call, closed by an empty last chunk in this one
@@ -207,10 +213,10 @@ class ZooService:
 
             attach_backend(model, backend)
         self.service = Service(model, limits)
-        self.openai = OpenAIDialect(model.tokenizer, context.model_name)
+        self.apis["openai"] = OpenAIDialect(model.tokenizer, context.model_name)
         batch = int(context.system_properties.get("batch_size") or 8)
         gens = int(cfg.get("max_generations") or max(1, batch // 2))
-        self.scheduler = Scheduler(self.service, int(cfg.get("step_positions") or STEP_POSITIONS), gens)
+        self.scheduler = Scheduler(self.service, int(cfg.get("step_tokens") or STEP_TOKENS), gens)
         self._warm_up()
         try:
             from ts.metrics.metric_type_enum import MetricTypes
@@ -244,11 +250,14 @@ class ZooService:
                 return str(value[name])
         return ""
 
-    def _dialect_of(self, job: Job | None = None, context: Any = None, idx: int = 0) -> Any:
-        """A job's dialect (by its request), or a new request's (by the front door's header)."""
-        if job is not None:
-            return self.openai if isinstance(job.request, CompletionRequest) else self.dialect
-        return self.openai if self._header(context, idx, API_HEADER) == OPENAI else self.dialect
+    def _dialect(self, context: Any, idx: int, rid: str) -> Any:
+        """The wire format of request ``idx`` (its ``X-Zoo-Api`` header; the zoo's own by default), kept for the
+        rest of its reply."""
+        name = self._header(context, idx, "x-zoo-api").strip().lower() or "zoo"
+        if name not in self.apis:
+            raise InvalidRequest("X-Zoo-Api", f"unknown API {name[:40]!r}; known: {', '.join(sorted(self.apis))}")
+        self.dialects[rid] = self.apis[name]
+        return self.apis[name]
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[bytes]:
         """Answer every request of the batch; a failure is confined to its own request (never raised).
@@ -260,7 +269,10 @@ class ZooService:
         n = len(data)
         ids = [str(context.request_ids[i]) for i in range(n)]
         present = set(ids)
-        self.scheduler.forget(set(self.scheduler.jobs) - present)  # the frontend dropped it (client gone, timeout)
+        gone = (set(self.scheduler.jobs) | set(self.dialects)) - present  # the frontend dropped them (client gone)
+        self.scheduler.forget(gone)
+        for rid in gone:
+            self.dialects.pop(rid, None)
         self.closing &= present
         self.dropping &= present
         out: list[bytes] = [b""] * n
@@ -294,20 +306,20 @@ class ZooService:
     def _start(self, context: Any, idx: int, rid: str, row: Any, n: int) -> tuple[bytes, bool | None]:
         """Parse a new request and admit it as a job: ``(b"", True)``, or its whole error reply and ``None``."""
         assert self.scheduler is not None and self.service is not None
-        dialect = self._dialect_of(context=context, idx=idx)
         try:
             context.set_response_header(idx, "X-Zoo-Batch-Size", str(n))
             raw = row.get("body", row.get("data")) if isinstance(row, dict) else None
-            request = dialect.parse(raw, self._header(context, idx, "content-type"), self.service.limits)
+            request = self._dialect(context, idx, rid).parse(raw, self._header(context, idx, "content-type"),
+                                                             self.service.limits)
             self.scheduler.admit(rid, request)
             return b"", True
         except ZooError as e:  # bad input, over the budget, no generation place: its own 4xx/503
             if isinstance(e, ServerBusy):
                 context.set_response_header(idx, "Retry-After", str(e.retry_after_s))
-            return self._whole(context, idx, rid, error_status(e), dialect.error(e)), None
+            return self._whole(context, idx, rid, error_status(e), self.dialects.get(rid, ZOO).error(e)), None
         except Exception:  # a bug in parsing: this request alone fails
             logger.exception("parsing request %d failed", idx)
-            return self._whole(context, idx, rid, 500, dialect.error(None, "parsing")), None
+            return self._whole(context, idx, rid, 500, self.dialects.get(rid, ZOO).error(None, "parsing")), None
 
     def _progress(self, context: Any, idx: int, rid: str, job: Job, first: bool) -> tuple[bytes, bool | None]:
         """This call's bytes for a job and whether it goes on (TorchServe's ``ts_stream_next``: True = more to
@@ -319,8 +331,8 @@ class ZooService:
         kept-alive connection, and a lone last chunk loses the status line), so it goes out as an opening chunk
         and the request is closed by an empty last chunk in the next call, which the frontend makes at once."""
         assert self.scheduler is not None
+        dialect = self.dialects.get(rid, ZOO)
         pieces = job.take_pieces()
-        dialect = self._dialect_of(job)
         if first and job.done and job.error is not None:  # nothing sent yet: an ordinary error reply
             self.scheduler.forget([rid])
             return self._whole(context, idx, rid, job.status, dialect.error(job.error, job.request.task)), None

@@ -43,7 +43,7 @@ def _finish(sched: Scheduler, keys: list[str]) -> dict[str, int]:
 
 
 def test_scores_in_steps_equal_the_python_api_for_long_and_short_texts_mixed(service):
-    sched = Scheduler(service, step_positions=16)
+    sched = Scheduler(service, step_tokens=16)
     requests = {"long": parse_request({"texts": [LONG, SHORT, LONG[:300]], "return_tokens": True}, LIMITS),
                 "short": parse_request({"text": SHORT}, LIMITS)}
     for key, req in requests.items():
@@ -64,7 +64,7 @@ def test_scores_in_steps_equal_the_python_api_for_long_and_short_texts_mixed(ser
 
 def test_a_short_request_finishes_in_a_few_rounds_beside_a_long_one(service):
     """Round-robin: the short request's rounds do not depend on its neighbour's size."""
-    sched = Scheduler(service, step_positions=16)
+    sched = Scheduler(service, step_tokens=16)
     sched.admit("long", parse_request({"texts": [LONG] * 2}, LIMITS))
     sched.run(["long"], 0.0)
     sched.admit("short", parse_request({"text": SHORT}, LIMITS))
@@ -73,7 +73,7 @@ def test_a_short_request_finishes_in_a_few_rounds_beside_a_long_one(service):
 
 
 def test_generation_in_steps_equals_the_python_api(service):
-    sched = Scheduler(service, step_positions=4)
+    sched = Scheduler(service, step_tokens=4)
     prompt = "the cat sat on the mat a dog ran"  # longer than one step: read in pieces
     req = parse_request({"task": "generate", "prompt": prompt, "max_new_tokens": 12, "seed": 5}, LIMITS)
     sched.admit("g", req)

@@ -85,15 +85,17 @@ def read_context(runner, ids: list[int], vocab_size: int) -> tuple[Tensor, ...]:
 
 @torch.no_grad()
 def read_context_steps(runner, ids: list[int], vocab_size: int,
-                       positions: int | None = None) -> Steps[tuple[Tensor, ...]]:
-    """:func:`read_context`, one piece of at most ``positions`` tokens per step (the same state)."""
+                       step_tokens: int | None = None) -> Steps[tuple[Tensor, ...]]:
+    """:func:`read_context`, one piece of at most ``step_tokens`` tokens per step (the same state), yielding between
+    pieces."""
     state = runner.init_state(1)
     piece = max(1, LOGIT_BUDGET // vocab_size)
-    if positions is not None:
-        piece = max(1, min(piece, positions))
+    if step_tokens is not None:
+        piece = max(1, min(piece, step_tokens))
     for start in range(0, len(ids), piece):
+        if start:
+            yield
         _, state = runner.forward(torch.tensor([ids[start:start + piece]], dtype=torch.long), state)
-        yield
     return state
 
 

@@ -139,15 +139,15 @@ class ZooModel:
         return score_texts(self.lm if dyn else self.runner, self.tokenizer, texts, return_tokens=return_tokens,
                            batch_size=batch_size, progress=progress, dynamic=dyn, dynamic_stats=stats)
 
-    def score_steps(self, texts: list[str], return_tokens: bool = False, positions: int | None = None,
+    def score_steps(self, texts: list[str], return_tokens: bool = False, step_tokens: int | None = None,
                     batch_size: int = 16, encodings: list[Any] | None = None) -> Steps[ScoreReport]:
-        """:meth:`score` (plain, not dynamic) as steps of at most ``positions`` positions per text
+        """:meth:`score` (plain, not dynamic) as steps of at most ``step_tokens`` tokens
         (:func:`zoo.scoring.score_steps`: the same numbers, the state carried across steps), for a server that shares
         its time between requests."""
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise WrongType("texts must be a non-empty list of str")
         return score_steps(self.runner, self.tokenizer, texts, return_tokens=return_tokens, batch_size=batch_size,
-                           positions=positions, encodings=encodings)
+                           step_tokens=step_tokens, encodings=encodings)
 
     def _dynamic(self, dynamic: bool | DynamicParams | Mapping[str, Any]) -> DynamicParams | None:
         """``True``: this model's own settings (:attr:`dynamic_defaults`: those chosen for it on validation, where

@@ -6,10 +6,10 @@ everyone else. One score request of 64 long texts held the only worker for ~10 s
 other requests run for all of a long text's steps. Here:
 
 * **Bounded steps.** A score request runs as :meth:`zoo.service.Service.score_steps` (its texts batched with each
-  other only, never padded to another request's), one step = at most ``step_positions`` positions of each of its
-  texts (at most 16 rows, so at most 16 x ``step_positions`` tokens), the recurrent state carried across steps
+  other only, never padded to another request's), one step = at most ``step_tokens`` tokens (rows x columns:
+  its cost, mostly the decoder's, grows with the tokens), the recurrent state carried across steps
   exactly as the library always scores a long text in chunks: the numbers are the Python API's. A generation is
-  one token per step, after its prompt is read ``step_positions`` tokens at a time.
+  one token per step, after its prompt is read ``step_tokens`` tokens at a time.
 * **Round-robin.** :meth:`Scheduler.run` gives every live job one step per round, score chunks and generation
   steps alike, so a request's latency grows with its own size and with the *number* of requests in progress, not
   with their sizes.
@@ -42,9 +42,9 @@ from zoo.service import GenerateRequest, Request, Service, error_status, generat
 
 log = logging.getLogger(__name__)
 
-#: Positions per step (columns: sequential steps of the recurrence, for up to 16 texts at once): a few ms of one
-#: core on the default model (``benchmarks/serving.py`` measures the latency it gives).
-STEP_POSITIONS = 16
+#: Tokens per step (rows x columns): a one-sentence request is one step, and a step of a long request costs what
+#: ``benchmarks/results/request_cost.json`` says (``step_seconds``) on the default model.
+STEP_TOKENS = 64
 
 
 @dataclass
@@ -107,9 +107,9 @@ class Job:
 class Scheduler:
     """The jobs in progress on one model, by the front end's keys, run round-robin in bounded steps."""
 
-    def __init__(self, service: Service, step_positions: int = STEP_POSITIONS, max_generations: int = 4):
+    def __init__(self, service: Service, step_tokens: int = STEP_TOKENS, max_generations: int = 4):
         self.service = service
-        self.step_positions = max(1, int(step_positions))
+        self.step_tokens = max(1, int(step_tokens))
         self.max_generations = max(1, int(max_generations))
         self.jobs: dict[Hashable, Job] = {}
 
@@ -123,14 +123,14 @@ class Scheduler:
         if isinstance(request, CompletionRequest):  # its budgets were checked as it was parsed
             self._place(request.max_tokens > 0)
             run = CompletionRun(self.service.model, request)
-            job = self.jobs[key] = Job(request, run.steps(self.step_positions), run=run)
+            job = self.jobs[key] = Job(request, run.steps(self.step_tokens), run=run)
             return job
         encodings = self.service.within_budget(request)
         self._place(isinstance(request, GenerateRequest))
         if isinstance(request, GenerateRequest):
-            steps: Iterator[Any] = self.service.stream_steps(request, self.step_positions)
+            steps: Iterator[Any] = self.service.stream_steps(request, self.step_tokens)
         else:
-            steps = self.service.score_steps(request, self.step_positions, encodings)
+            steps = self.service.score_steps(request, self.step_tokens, encodings)
         job = self.jobs[key] = Job(request, steps)
         return job
 

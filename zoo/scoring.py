@@ -131,11 +131,11 @@ def token_logprobs(runner: Runner, sequences: list[list[int]], bos_id: int, voca
 
 @torch.no_grad()
 def token_logprob_steps(runner: Runner, sequences: list[list[int]], bos_id: int, vocab_size: int,
-                        positions: int | None = None) -> Steps[list[Tensor]]:
+                        step_tokens: int | None = None) -> Steps[list[Tensor]]:
     """:func:`token_logprobs` one chunk of columns per step, the state carried across chunks (the same numbers:
-    this is how a long text is always scored); a step covers at most ``positions`` positions of every row (so at
-    most rows x ``positions`` tokens, and about ``positions`` sequential steps of the recurrence: its time), so a
-    server can interleave one request's long texts with other requests' work."""
+    this is how a long text is always scored); a step covers at most ``step_tokens`` tokens (rows x columns: its
+    time, mostly the decoder's), so a server can interleave one request's long texts with other requests' work.
+    It yields *between* chunks, never after the last: a request that fits one step is done in one."""
     bsz = len(sequences)
     longest = max(len(s) for s in sequences)
     tgt = torch.full((bsz, longest), bos_id, dtype=torch.long)
@@ -145,12 +145,13 @@ def token_logprob_steps(runner: Runner, sequences: list[list[int]], bos_id: int,
     state = runner.init_state(bsz)
     out = torch.empty(bsz, longest, dtype=torch.float64)
     step = _chunk_len(bsz, vocab_size)
-    if positions is not None:
-        step = max(1, min(step, positions))
+    if step_tokens is not None:
+        step = max(1, min(step, step_tokens // bsz))
     for start in range(0, longest, step):
+        if start:
+            yield
         logp, state = target_logprobs(runner, inp[:, start:start + step], tgt[:, start:start + step], state)
         out[:, start:start + step] = logp.double().cpu()
-        yield
     return [out[b, : len(seq)] for b, seq in enumerate(sequences)]
 
 
@@ -176,10 +177,10 @@ def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
 
 
 def score_steps(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, return_tokens: bool = False,
-                batch_size: int = 16, positions: int | None = None, progress: bool = False,
+                batch_size: int = 16, step_tokens: int | None = None, progress: bool = False,
                 encodings: list[Any] | None = None) -> Steps[ScoreReport]:
-    """:func:`score_texts` (without dynamic evaluation) as steps of at most ``positions`` positions of each row of
-    a group (at most ``batch_size`` x ``positions`` tokens; None: the memory budget's chunks). Only ``texts`` are
+    """:func:`score_texts` (without dynamic evaluation) as steps of at most ``step_tokens`` tokens each (rows x
+    columns; None: the memory budget's chunks), yielding between them. Only ``texts`` are
     batched together (sorted by length, in groups of ``batch_size``), so whoever calls this for one request never
     pads its texts to another request's.
     ``encodings``: the texts' :meth:`Tokenizer.encode`, when the caller already has them (a token budget)."""
@@ -187,9 +188,11 @@ def score_steps(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
     logps: list[Tensor | None] = [None] * len(encs)
     order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    for idx in tqdm(batches, desc="scoring", unit="batch", disable=not progress or len(batches) < 2):
+    for k, idx in enumerate(tqdm(batches, desc="scoring", unit="batch", disable=not progress or len(batches) < 2)):
+        if k:
+            yield
         group = yield from token_logprob_steps(runner, [encs[i].ids for i in idx], tokenizer.eos_id, len(tokenizer),
-                                               positions)
+                                               step_tokens)
         for i, lp in zip(idx, group, strict=True):
             logps[i] = lp
     return report_of(texts, encs, logps, tokenizer, return_tokens)

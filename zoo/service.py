@@ -57,8 +57,8 @@ class Limits:
     max_texts: int = 64
     max_chars: int = 10_000
     max_total_chars: int = 100_000
-    max_total_tokens: int = 2_400  # the largest allowed score request: 1.8 CPU-s (benchmarks/results/request_cost.json)
-    max_generate_tokens: int = 640  # prompt + max_new_tokens; the largest allowed: 1.6 CPU-s (request_cost.json)
+    max_total_tokens: int = 2_400  # the largest allowed score request: 2.1 CPU-s (benchmarks/results/request_cost.json)
+    max_generate_tokens: int = 640  # prompt + max_new_tokens; the largest allowed: 2.2 CPU-s (request_cost.json)
     max_prompt_chars: int = 10_000
     max_new_tokens: int = 512
     max_temperature: float = MAX_TEMPERATURE
@@ -356,9 +356,9 @@ class Service:
                                             f" is {n:,} tokens for this model; the limit is {limit:,} per request")
         return []
 
-    def score_steps(self, request: ScoreRequest, positions: int,
+    def score_steps(self, request: ScoreRequest, step_tokens: int,
                     encodings: list[Any] | None = None) -> Steps[dict[str, Any]]:
-        """One score request's reply, computed in steps of at most ``positions`` positions per text (its own texts
+        """One score request's reply, computed in steps of at most ``step_tokens`` tokens (its own texts
         batched together only; the same numbers as :meth:`score`). Dynamic evaluation, where a deployment enables it, is
         one step (it takes gradient steps text by text)."""
         if request.dynamic:
@@ -367,7 +367,7 @@ class Service:
                 raise reply
             return reply
         report = yield from self.model.score_steps(list(request.texts), return_tokens=request.return_tokens,
-                                                   positions=positions, encodings=encodings)
+                                                   step_tokens=step_tokens, encodings=encodings)
         return self.reply_of(request, report.texts)
 
     def _over_token_limit(self, requests: Sequence[ScoreRequest]) -> dict[int, RequestTooLarge]:
@@ -385,9 +385,9 @@ class Service:
         return self.model.stream(request.prompt, **{f.name: getattr(request.sampling, f.name)
                                                     for f in fields(SamplingParams)})
 
-    def stream_steps(self, request: GenerateRequest, positions: int) -> Iterator[str | None]:
-        """:meth:`stream`, with a ``None`` after each piece of at most ``positions`` prompt tokens read."""
-        return self.model.stream_steps(request.prompt, request.sampling, positions)
+    def stream_steps(self, request: GenerateRequest, step_tokens: int) -> Iterator[str | None]:
+        """:meth:`stream`, with a ``None`` after each piece of at most ``step_tokens`` prompt tokens read."""
+        return self.model.stream_steps(request.prompt, request.sampling, step_tokens)
 
     def generate(self, request: GenerateRequest) -> dict[str, Any]:
         return generate_reply(request, list(self.stream(request)))
