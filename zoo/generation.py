@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from zoo.device import device_of
 from zoo.errors import InvalidRequest
 from zoo.scoring import LOGIT_BUDGET
 from zoo.tokenizer import UNK, Tokenizer
@@ -83,8 +84,9 @@ def read_context(runner, ids: list[int], vocab_size: int) -> tuple[Tensor, ...]:
     ``[1, T, V]`` tensor for a long prompt."""
     state = runner.init_state(1)
     piece = max(1, LOGIT_BUDGET // vocab_size)
+    device = device_of(runner)
     for start in range(0, len(ids), piece):
-        _, state = runner.forward(torch.tensor([ids[start:start + piece]], dtype=torch.long), state)
+        _, state = runner.forward(torch.tensor([ids[start:start + piece]], dtype=torch.long, device=device), state)
     return state
 
 
@@ -97,10 +99,11 @@ def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams
     spelled = [tokenizer.index[ch] for ch in UNK] if tokenizer.is_char and all(ch in tokenizer.index for ch in UNK) \
         else []
     state = read_context(runner, context[:-1], len(tokenizer))
-    token = torch.tensor([context[-1]], dtype=torch.long)
+    device = device_of(runner)
+    token = torch.tensor([context[-1]], dtype=torch.long, device=device)
     for _ in range(params.max_new_tokens):
         logits, state = runner.step(token, state)
-        logits = logits[0].float()
+        logits = logits[0].float().cpu()   # (sampled on the CPU, by its seeded generator, on any device)
         if not params.allow_unk and tokenizer.unk_id is not None:
             logits[tokenizer.unk_id] = float("-inf")
         elif not params.allow_unk and spelled and context[len(context) - len(spelled) + 1:] == spelled[:-1]:
@@ -114,7 +117,7 @@ def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams
             return
         context.append(nxt)
         yield nxt
-        token = torch.tensor([nxt], dtype=torch.long)
+        token = torch.tensor([nxt], dtype=torch.long, device=device)
 
 
 def stream_text(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams) -> Iterator[str]:
