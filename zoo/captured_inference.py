@@ -132,7 +132,10 @@ class GraphRunner:
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             out, new = fn(*static_inputs, state_in)
-        torch.cuda.current_stream(self.device).wait_stream(self._stream)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self._stream)
+        for t in (out, *new):  # (made on the capture stream, read on the caller's)
+            t.record_stream(current)
         if any(s.dtype != out.dtype for s in new) or [s.shape for s in new] != shapes:
             self._fail(key, "the state's dtypes or shapes differ from the output's")
             return out, new

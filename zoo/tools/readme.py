@@ -44,6 +44,7 @@ BENCHMARKS = [
     # one section per other model measured (``benchmarks/dynamic_eval.py --model NAME``); {} is NAME
     ("dynamic_eval-*.md", "Dynamic evaluation of `{}`: the defaults and two neighbours on validation, once on test"),
     ("cuda_step.md", "CUDA graphs: the captured training step against the eager one (a lent GPU)"),
+    ("gpu_inference.md", "Inference on a GPU: equal numbers, and speed against the CPU (a lent GPU)"),
     ("card_reproduction.md", "Every card's test number, reproduced by the command the card gives"),
 ]
 
