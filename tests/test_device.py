@@ -278,8 +278,21 @@ def test_cuda_scores_equal_the_cpu_and_graphs_equal_eager(pair):
     eager = zoo.load(path, device="cuda").to("cuda", cuda_graphs=False)
     assert eager.runner is eager.lm
     long = " ".join(WORDS[2:] * 40)
-    for _ in range(3):
-        assert eager.score(long).texts[0]["nll"] == dev.score(long).texts[0]["nll"]  # replayed: the same kernels
+    for _ in range(3):   # replayed: the same kernels
+        assert eager.score(long).texts[0]["nll"] == pytest.approx(dev.score(long).texts[0]["nll"], rel=1e-6)
+
+
+@NEEDS_CUDA
+def test_cuda_dynamic_segments_replay_the_eager_numbers(pair):
+    from zoo.dynamic import DynamicParams, dynamic_logprobs
+
+    dev = zoo.load(pair[1].directory, device="cuda")
+    seq = torch.randint(2, len(WORDS), (401,), generator=torch.Generator().manual_seed(0))
+    p = DynamicParams(segment=20, lr=0.01, decay=0.001, rule="sgd")
+    eager = dynamic_logprobs(dev.lm, seq[:-1], seq[1:], p, cuda_graphs=False)
+    torch.testing.assert_close(dynamic_logprobs(dev.lm, seq[:-1], seq[1:], p), eager, rtol=1e-6, atol=1e-7)
+    cpu = dynamic_logprobs(pair[1].lm, seq[:-1], seq[1:], p)
+    assert float(eager.sum()) == pytest.approx(float(cpu.sum()), rel=1e-4)
 
 
 @NEEDS_CUDA

@@ -4,12 +4,13 @@ Why: generating one token, or scoring a 70-token chunk at batch 1, is per layer 
 dozen elementwise kernels; on a GPU the host launching them, not the GPU running them, sets the pace (the CPU's
 C++ loops, :mod:`zoo.models._compiled`, do not apply there). A graph replays the whole call with one launch, as
 :mod:`zoo.captured_step` does for the training step; the kernels are the eager call's own, so the numbers are the
-eager call's, bit for bit.
+eager call's (to float rounding, should cuBLAS pick another algorithm on the capture stream).
 
 What is captured: :meth:`LanguageModel.step` (a token ``[B]``) and :meth:`LanguageModel.target_logprobs` at batch
-1 (``[1, T]``), one graph per shape, captured the *second* time a shape is seen (a shape seen once, a prompt's
+1 (``[1, T]``), and dynamic evaluation's segment (forward, backward and the weights' update: :mod:`zoo.dynamic`),
+one graph per shape, captured the *second* time a shape is seen (a shape seen once, a prompt's
 or a text's last chunk, stays eager: a capture costs more than it saves). Batched scoring is bound by the GPU's
-arithmetic, not by launches, and runs eagerly. Autograd (dynamic evaluation) always runs eagerly.
+arithmetic, not by launches, and runs eagerly; so does any other call with autograd on.
 
 State: each graph reads the state from one flat buffer and writes its output and the new state into another;
 each call copies its state in (one kernel when the state came from a graph: :class:`FlatState`), replays, and
@@ -76,15 +77,16 @@ class _Graph:
         return out[:n].view(self.out_shape), _views(out[n:], self.state_shapes)
 
 
-class GraphRunner:
-    """The eager model's runner on CUDA, with :meth:`step` and batch-1 :meth:`target_logprobs` from CUDA graphs
-    (module docstring). ``init_state``, ``forward`` and everything with autograd are the model's own calls."""
+class CapturedCalls:
+    """Calls ``fn(*inputs, state) -> (output, state)`` on one CUDA device, each shape replayed from its own CUDA
+    graph from its second call on (module docstring): what :class:`GraphRunner` and dynamic evaluation's segment
+    step (:func:`zoo.dynamic.dynamic_logprobs`) share. ``fn`` may write tensors in place (an optimiser step):
+    the replay writes them again, as the eager call would."""
 
-    def __init__(self, lm: torch.nn.Module) -> None:
-        self.lm = lm
-        self.device = lm.decoder.weight.device
-        if self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device (the model is on {self.device})")
+    def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device (not {device})")
+        self.device = device
         self._graphs: dict[tuple, _Graph | None] = {}
         self._seen: Counter[tuple] = Counter()
         self._lock = threading.Lock()
@@ -93,26 +95,7 @@ class GraphRunner:
         self.captures = 0
         self.failures: list[str] = []
 
-    def init_state(self, batch_size: int, device: torch.device | None = None) -> tuple[Tensor, ...]:
-        return self.lm.init_state(batch_size, device)
-
-    def forward(self, tokens: Tensor, state: tuple[Tensor, ...] | None = None):
-        return self.lm(tokens, state)
-
-    __call__ = forward
-
-    def step(self, token: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
-        return self._call("step", self.lm.step, (token,), state)
-
-    def target_logprobs(self, tokens: Tensor, targets: Tensor, state: tuple[Tensor, ...] | None = None):
-        if tokens.shape[0] != 1 or state is None:
-            return self.lm.target_logprobs(tokens, targets, state)
-        return self._call("score", self.lm.target_logprobs, (tokens, targets), state)
-
-    # -- internals -----------------------------------------------------------------------------------------
-    def _call(self, kind: str, fn: Callable, inputs: tuple[Tensor, ...], state: tuple[Tensor, ...]):
-        if torch.is_grad_enabled() or self.lm.training:
-            return fn(*inputs, state)
+    def __call__(self, kind: str, fn: Callable, inputs: tuple[Tensor, ...], state: tuple[Tensor, ...]):
         key = (kind, *(tuple(x.shape) for x in inputs), *(tuple(s.shape) for s in state))
         with self._lock:
             if key not in self._graphs:
@@ -145,7 +128,7 @@ class GraphRunner:
             torch.cuda.synchronize(self.device)
             with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
                 o, n = fn(*static_inputs, state_in)
-                torch.cat([o.reshape(-1), *[s.reshape(-1) for s in n]], out=flat_out)
+                torch.cat([o.detach().reshape(-1), *[s.detach().reshape(-1) for s in n]], out=flat_out)
         except Exception as e:  # noqa: BLE001 (an op a graph cannot hold: this shape runs eagerly, see docstring)
             self._fail(key, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
             return out, new
@@ -158,4 +141,40 @@ class GraphRunner:
         self._graphs[key] = None
         self.failures.append(f"{key}: {reason}")
         warnings.warn(f"zoo: CUDA graph capture of {key[0]} {key[1:]} failed ({reason}); it runs eagerly",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
+
+
+class GraphRunner:
+    """The eager model's runner on CUDA, with :meth:`step` and batch-1 :meth:`target_logprobs` from CUDA graphs
+    (module docstring). ``init_state``, ``forward`` and everything with autograd are the model's own calls."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        self.lm = lm
+        self.device = lm.decoder.weight.device
+        self.calls = CapturedCalls(self.device)
+
+    @property
+    def captures(self) -> int:
+        return self.calls.captures
+
+    @property
+    def failures(self) -> list[str]:
+        return self.calls.failures
+
+    def init_state(self, batch_size: int, device: torch.device | None = None) -> tuple[Tensor, ...]:
+        return self.lm.init_state(batch_size, device)
+
+    def forward(self, tokens: Tensor, state: tuple[Tensor, ...] | None = None):
+        return self.lm(tokens, state)
+
+    __call__ = forward
+
+    def step(self, token: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        if torch.is_grad_enabled() or self.lm.training:
+            return self.lm.step(token, state)
+        return self.calls("step", self.lm.step, (token,), state)
+
+    def target_logprobs(self, tokens: Tensor, targets: Tensor, state: tuple[Tensor, ...] | None = None):
+        if tokens.shape[0] != 1 or state is None or torch.is_grad_enabled() or self.lm.training:
+            return self.lm.target_logprobs(tokens, targets, state)
+        return self.calls("score", self.lm.target_logprobs, (tokens, targets), state)
