@@ -260,7 +260,9 @@ def targets(data: dict[str, Any]) -> dict[str, Any]:
 def table(data: dict[str, Any]) -> str:
     m = data["meta"]
     lines = [f"Device: {m['device']} (torch {m['torch']}, CUDA {m['cuda']}); CPU: {m.get('cpu', '?')}, "
-             f"{m['cpu_threads']} thread(s); fp32 with TF32 off unless marked bf16; {m['measured_at']}."
+             f"{m['cpu_threads']} thread(s), C++ loops "
+             f"{'built' if all(m.get('cpu_loops', {}).values()) else 'NOT built (Python loops)'}; "
+             f"fp32 with TF32 off unless marked bf16; {m['measured_at']}."
              + (" **--quick**: tiny sizes, the script's own check, not a measurement." if m["quick"] else ""), ""]
     if "scoring" in data:
         s, g, d = data["scoring"], data.get("generation"), data.get("dynamic")
@@ -355,7 +357,16 @@ def main(argv: list[str] | None = None) -> int:
             eq[name] = equality(name, args, start + args.budget_s)
     data["targets"] = targets(data)
     data["meta"]["seconds"] = round(time.monotonic() - start, 1)
-    write_result(args.out, data, table(data))
+    from zoo.models._compiled import status
+
+    data["meta"]["cpu_loops"] = {k: bool(v.get("available")) for k, v in status().items()}
+    out = Path(args.out)
+    if out.resolve().parent == (REPO / "benchmarks" / "results").resolve():
+        write_result(out, data, table(data))   # (and the READMEs regenerated)
+    else:   # a device call's $OUT, a test's temp folder: the files only
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        out.with_suffix(".md").write_text(table(data) + "\n", encoding="utf-8")
     print(f"done in {data['meta']['seconds']} s", flush=True)
     return 0
 
