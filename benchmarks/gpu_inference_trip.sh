@@ -14,26 +14,29 @@
 # groups add their equality rows: --group N --parts equality --merge benchmarks/results/gpu_inference.json.
 set -eu
 cd "$(dirname "$0")/.."
-py=.venv/bin/python
-[ -x "$py" ] || py=python3
+exclude=$(git rev-parse --git-path info/exclude)   # (a worktree's .git is a file)
+mkdir -p "$(dirname "$exclude")"
 restore() {
   git reset -q -- zoo/pretrained
-  sed -i '\#^/zoo/pretrained/$#d' .git/info/exclude 2>/dev/null || true
+  sed -i '\#^/zoo/pretrained/$#d' "$exclude" 2>/dev/null || true
 }
 case ${1:-} in
   out)
     group=$2
     rm -rf .devrun/models .devrun/data && mkdir -p .devrun/models .devrun/data
-    names=$($py -c "import sys; sys.path.insert(0, 'benchmarks'); import gpu_inference as g; print(' '.join(g.GROUPS[int(sys.argv[1])]))" "$group")
+    # (GROUPS read from the source: no torch needed here)
+    names=$(python3 -c "import ast, sys; t = ast.parse(open('benchmarks/gpu_inference.py').read()); \
+g = next(n.value for n in t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'GROUPS'); \
+print(' '.join(ast.literal_eval(g)[int(sys.argv[1])]))" "$group")
     for name in $names; do
       mkdir -p ".devrun/models/$name"
       cp zoo/pretrained/"$name"/{config.json,model.safetensors,tokenizer.json,vocab.json} ".devrun/models/$name/" 2>/dev/null \
         || cp zoo/pretrained/"$name"/{config.json,model.safetensors,tokenizer.json} ".devrun/models/$name/"
-      dataset=$($py -c "import json, sys; print(json.load(open(sys.argv[1]))['dataset'])" "zoo/pretrained/$name/config.json")
+      dataset=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['dataset'])" "zoo/pretrained/$name/config.json")
       [ -d ".devrun/data/$dataset" ] || cp -r "${ZOO_DATA_DIR:-../shared/data}/$dataset" .devrun/data/
     done
-    [ -d .devrun/data/ptb ] || cp -r "${ZOO_DATA_DIR:-../shared/data}/ptb" .devrun/data/   # (the speed parts)
-    grep -qx '/zoo/pretrained/' .git/info/exclude || echo /zoo/pretrained/ >> .git/info/exclude
+    [ "$group" != 0 ] || [ -d .devrun/data/ptb ] || cp -r "${ZOO_DATA_DIR:-../shared/data}/ptb" .devrun/data/  # (speed)
+    grep -qx '/zoo/pretrained/' "$exclude" 2>/dev/null || echo /zoo/pretrained/ >> "$exclude"
     git rm -r -q --cached --ignore-unmatch zoo/pretrained
     echo "ready: group $group ($names): $(du -sh .devrun | cut -f1) to carry; after the call: bash $0 back"
     ;;
