@@ -179,6 +179,14 @@ def test_lm_eval_plugin_honours_the_harness_device():
         ZooLM.create_from_arg_string("pretrained=default", {"batch_size": 4, "device": "cuda:0"})
 
 
+@NO_CUDA
+def test_harness_command_refuses_a_missing_gpu_with_exit_2():
+    proc = _run(sys.executable, "-m", "zoo.lm_eval_plugin", "--model", "zoo", "--model_args", "pretrained=default",
+                "--tasks", "zoo_ptb_test", "--device", "cuda:0", "--limit", "1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("zoo-lm-eval: error: device 'cuda:0': this machine has no")
+
+
 # -- command lines ------------------------------------------------------------------------------------------------
 def test_cli_info_says_the_device():
     proc = _run(sys.executable, "-m", "zoo.cli", "info", "default", "--json", "--device", "cpu")

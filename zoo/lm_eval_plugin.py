@@ -51,7 +51,7 @@ import torch
 
 import zoo
 from zoo.data import DATASETS, resolve_data_dir
-from zoo.errors import DataError
+from zoo.errors import DataError, ZooError
 from zoo.generation import MIN_TEMPERATURE, read_context
 from zoo.scoring import LOGIT_BUDGET  # logits held at once (floats): bounds memory for any length
 
@@ -346,7 +346,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args and not {"-h", "--help"} & set(args) and not any(a.startswith("--include_path") for a in args):
         args += ["--include_path", str(TASKS_DIR)]
     sys.argv = ["lm_eval", *args]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ZooError as e:  # (a device this machine lacks, an unknown model: one line, as the zoo's CLI says it)
+        print(f"zoo-lm-eval: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "zoo.lm_eval_plugin":  # imported (not run as a script: main() imports this module by name)
