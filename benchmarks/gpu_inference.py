@@ -263,7 +263,8 @@ def table(data: dict[str, Any]) -> str:
              f"{m['cpu_threads']} thread(s), C++ loops "
              f"{'built' if all(m.get('cpu_loops', {}).values()) else 'NOT built (Python loops)'}; "
              f"fp32 with TF32 off unless marked bf16; {m['measured_at']}."
-             + (" **--quick**: tiny sizes, the script's own check, not a measurement." if m["quick"] else ""), ""]
+             + (" **--quick**: tiny sizes, the script's own check, not a measurement." if m["quick"] else "")
+             + ("" if m.get("complete", True) else " **Partial**: the run stopped before its end."), ""]
     if "scoring" in data:
         s, g, d = data["scoring"], data.get("generation"), data.get("dynamic")
         lines += [f"Speed of `{data['speed_model']}` (device vs CPU):", "",
@@ -302,6 +303,24 @@ def table(data: dict[str, Any]) -> str:
         lines.append(f"| {data['speed_model']} (dynamic) | perplexity | {d['prefix_rel_diff']:.1e} "
                      f"({d['cpu_tokens']:,} tokens) | device {d['device_ppl']:.4f} | | {'yes' if d['ok'] else 'NO'} |")
     return "\n".join(lines)
+
+
+def save(data: dict[str, Any], args: argparse.Namespace, start: float, final: bool = False) -> None:
+    """Write the JSON and its table: after each part (a device call killed at its limit still returns what was
+    measured) and at the end, when a result in ``benchmarks/results`` also regenerates the READMEs."""
+    from zoo.models._compiled import status
+
+    data["targets"] = targets(data)
+    data["meta"]["seconds"] = round(time.monotonic() - start, 1)
+    data["meta"]["complete"] = final
+    data["meta"]["cpu_loops"] = {k: bool(v.get("available")) for k, v in status().items()}
+    out = Path(args.out)
+    if final and out.resolve().parent == (REPO / "benchmarks" / "results").resolve():
+        write_result(out, data, table(data))
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(table(data) + "\n", encoding="utf-8")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -347,26 +366,18 @@ def main(argv: list[str] | None = None) -> int:
     if "dynamic" in parts:   # (first: its device pass runs while the CPU's loops are still compiling)
         data["dynamic"] = dynamic_speed(default, args)
         print("dynamic", json.dumps(data["dynamic"]), flush=True)
+        save(data, args, start)
     if "speed" in parts:
         data["scoring"] = scoring_speed(default, args)
         data["generation"] = generation_speed(default, args)
         print("scoring", json.dumps(data["scoring"]), "\ngeneration", json.dumps(data["generation"]), flush=True)
+        save(data, args, start)
     if "equality" in parts:
         eq = data.setdefault("equality", {})
         for name in names:
             eq[name] = equality(name, args, start + args.budget_s)
-    data["targets"] = targets(data)
-    data["meta"]["seconds"] = round(time.monotonic() - start, 1)
-    from zoo.models._compiled import status
-
-    data["meta"]["cpu_loops"] = {k: bool(v.get("available")) for k, v in status().items()}
-    out = Path(args.out)
-    if out.resolve().parent == (REPO / "benchmarks" / "results").resolve():
-        write_result(out, data, table(data))   # (and the READMEs regenerated)
-    else:   # a device call's $OUT, a test's temp folder: the files only
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        out.with_suffix(".md").write_text(table(data) + "\n", encoding="utf-8")
+            save(data, args, start)
+    save(data, args, start, final=True)
     print(f"done in {data['meta']['seconds']} s", flush=True)
     return 0
 
