@@ -51,6 +51,7 @@ import zoo  # noqa: E402
 from zoo.adaptation import trace_text  # noqa: E402
 from zoo.catalog import bundled_dir, catalog  # noqa: E402
 from zoo.checkpoint import CheckpointError, read_config  # noqa: E402
+from zoo.device import resolve_device  # noqa: E402
 from zoo.errors import InvalidRequest, ZooError  # noqa: E402
 from zoo.pretrained import ZooModel  # noqa: E402
 from zoo.registry import ARCHITECTURES  # noqa: E402
@@ -143,7 +144,8 @@ def clean_text(text: Any, limits: Limits = LIMITS) -> tuple[str, str]:
 class ModelRegistry:
     """The catalogue's bundled models plus extra checkpoint directories, loaded lazily into an LRU cache."""
 
-    def __init__(self, extra_dirs: Sequence[str | os.PathLike] = ()):
+    def __init__(self, extra_dirs: Sequence[str | os.PathLike] = (), device: str = "cpu"):
+        self.device = device  # (every model is loaded onto it: `python app.py --device cuda`)
         self.entries: dict[str, dict[str, Any]] = {}
         cat = catalog()
         for name, meta in sorted(cat.get("models", {}).items()):
@@ -212,7 +214,7 @@ class ModelRegistry:
         """A fresh copy of the model ``name`` (not cached: :meth:`get` caches)."""
         entry = self.entries[name]
         try:
-            model = zoo.load(name) if entry["source"] == "bundled" else zoo.load(entry["dir"])
+            model = zoo.load(name if entry["source"] == "bundled" else entry["dir"], device=self.device)
         except Exception as e:  # a broken checkpoint must not take the app down
             log.exception("loading %s failed", name)
             raise gr.Error(f"Could not load model {name!r}: {e}") from None
@@ -411,9 +413,9 @@ def make_handlers(registry: ModelRegistry, stats: DynamicStats | None = None) ->
 EXAMPLE = "the company said it expects to report a loss for the third quarter\nmr. smith declined to comment"
 
 
-def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
-    """The Blocks app over the bundled models plus ``model_dirs``."""
-    registry = ModelRegistry(model_dirs)
+def build_demo(model_dirs: Sequence[str | os.PathLike] = (), device: str = "cpu") -> gr.Blocks:
+    """The Blocks app over the bundled models plus ``model_dirs``, run on ``device``."""
+    registry = ModelRegistry(model_dirs, device)
     stats = dynamic_stats_of(registry)
     h = make_handlers(registry, stats)
     names = registry.names()
@@ -547,6 +549,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="address to bind (default 127.0.0.1)")
     p.add_argument("--model-dir", action="append", default=[], metavar="DIR",
                    help="extra checkpoint directory, or a folder of them (repeatable; also $ZOO_DEMO_MODELS)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto (cuda when there is one)")
     args = p.parse_args(argv)
     if not 0 < args.port < 65536:
         p.error(f"--port must be in 1..65535, got {args.port}")
@@ -564,7 +567,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # two events may run at once on a two-core machine: one core each
     try:
-        demo = build_demo(model_dirs_from(args))
+        device = str(resolve_device(args.device, "--device"))  # a device this machine lacks: one line, exit 2
+        demo = build_demo(model_dirs_from(args), device)
     except ValueError as e:
         print(f"app.py: error: {e}", file=sys.stderr)
         return 2

@@ -212,6 +212,9 @@ class ZooService:
             from zoo.backends import attach_backend
 
             attach_backend(model, backend)
+        device = worker_device(context.system_properties.get("gpu_id"))
+        if device != "cpu":  # the GPU TorchServe gave this worker (`zoo serve start --gpus N`)
+            model.to(device)
         self.service = Service(model, limits)
         self.apis["openai"] = OpenAIDialect(model.tokenizer, context.model_name)
         batch = int(context.system_properties.get("batch_size") or 8)
@@ -366,6 +369,12 @@ class ZooService:
 
 
 _service = ZooService()
+
+
+def worker_device(gpu_id: Any) -> str:
+    """The device of a worker: ``cuda:<gpu_id>`` where TorchServe assigned it a GPU (its ``number_of_gpu``, set by
+    ``zoo serve start --gpus N``; 0 by default, and then ``gpu_id`` is None), else the CPU."""
+    return "cpu" if gpu_id is None or not torch.cuda.is_available() else f"cuda:{int(gpu_id)}"
 
 
 def handle(data: list[dict[str, Any]] | None, context: Any) -> list[bytes] | None:

@@ -65,7 +65,7 @@ def model():
 def lm():
     from zoo.lm_eval_plugin import ZooLM
 
-    return ZooLM.create_from_arg_string(f"pretrained={MODEL}", {"batch_size": "auto", "device": "cuda:0"})
+    return ZooLM.create_from_arg_string(f"pretrained={MODEL}", {"batch_size": "auto", "device": "cpu"})
 
 
 @pytest.fixture(scope="module")

@@ -110,7 +110,8 @@ def adaptation_trace(lm: LanguageModel, ids: Sequence[int], bos_id: int,
     lm.eval()
     try:
         state = lm.init_state(1)
-        logits, state = lm.step(torch.tensor([bos_id], dtype=torch.long), state)
+        device = lm.device
+        logits, state = lm.step(torch.tensor([bos_id], dtype=torch.long, device=device), state)
         prev = _flat_signals(lm, state)
         trace = AdaptationTrace(tokens=tokens, ids=ids, logprobs=[], truncated=truncated, total_tokens=total)
         if not prev:
@@ -118,7 +119,7 @@ def adaptation_trace(lm: LanguageModel, ids: Sequence[int], bos_id: int,
         deltas: dict[str, list[float]] = {k: [] for k in prev}
         for tok in ids:
             trace.logprobs.append(float(torch.log_softmax(logits[0].double(), -1)[tok]))
-            logits, state = lm.step(torch.tensor([tok], dtype=torch.long), state)
+            logits, state = lm.step(torch.tensor([tok], dtype=torch.long, device=device), state)
             cur = _flat_signals(lm, state)
             for key, vec in cur.items():
                 deltas[key].append(float(torch.linalg.vector_norm(vec - prev[key])))

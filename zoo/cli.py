@@ -47,7 +47,12 @@ def _load(args: argparse.Namespace):
     precision = getattr(args, "precision", None) or "fp32"
     if precision != "fp32" and backend != "eager":
         raise UsageError(f"--precision {precision} applies to the eager backend only, not --backend {backend}")
-    return zoo.load(args.model, backend=backend, precision=precision, **kwargs)
+    from zoo.device import resolve_device
+
+    device = resolve_device(getattr(args, "device", None) or "cpu", "--device")  # (before anything loads)
+    if device.type != "cpu" and backend != "eager":
+        raise UsageError(f"--backend {backend} runs on the CPU only: use --backend eager with --device {args.device}")
+    return zoo.load(args.model, backend=backend, precision=precision, device=device, **kwargs)
 
 
 # -- commands ------------------------------------------------------------------------------------------------
@@ -77,6 +82,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     model = _load(args)
     info = {"name": model.name, "source": model.source, "pinned": model.pinned, "backend": model.backend,
+            "device": str(model.device),
             "directory": str(getattr(model, "directory", "")), "architecture": model.lm.architecture,
             "num_parameters": model.num_parameters, "vocab_size": len(model.tokenizer),
             "normalization": model.tokenizer.normalization, "model_args": model.lm.config,
@@ -505,6 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
                         help="eager compute precision (default fp32: exact numbers; bf16: bfloat16 GEMMs, "
                              "slightly different numbers, faster only where the CPU runs bf16 faster)")
+        sp.add_argument("--device", default="cpu",
+                        help="cpu (default), cuda, cuda:N or auto (cuda when there is one); eager backend only")
         return sp
 
     sp = sub.add_parser("list", help="list pretrained models")

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from zoo.device import device_of
 from zoo.errors import InvalidRequest, RequestTooLarge, ZooError
 from zoo.generation import MAX_TEMPERATURE, Detokenizer, Sampler, SamplingParams, prompt_context
 from zoo.tokenizer import EOS, Tokenizer
@@ -309,11 +310,11 @@ class CompletionRun:
         report = req.echo and req.logprobs is not None
         if prompt.text is None and report:  # a literal first id has no context
             self._add(choice, ctx[0], None, None)
-        state = runner.init_state(1)
+        state, device = runner.init_state(1), device_of(runner)
         if req.max_tokens > 0 or report:  # the model reads ctx[:-1]; the last id is the first step's input
             for start in range(0, len(ctx) - 1, self.positions):
                 piece = ctx[start:min(start + self.positions, len(ctx) - 1)]
-                logits, state = runner.forward(torch.tensor([piece], dtype=torch.long), state)
+                logits, state = runner.forward(torch.tensor([piece], dtype=torch.long, device=device), state)
                 if report:
                     self._report(choice, logits[0], ctx[start + 1:start + 1 + len(piece)])
                 yield
@@ -324,7 +325,7 @@ class CompletionRun:
     def _report(self, choice: Choice, logits: torch.Tensor, targets: list[int]) -> None:
         """Each target's log-probability and the top alternatives at its position, from one float32 softmax (so a
         target that is the most likely token equals its entry in ``top_logprobs`` exactly)."""
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        logp = torch.log_softmax(logits.float(), dim=-1).cpu()
         k = self.request.logprobs or 0
         top = torch.topk(logp, k, dim=-1) if k else None
         for t, target in enumerate(targets):
@@ -362,11 +363,12 @@ class CompletionRun:
         shown = prompt.text if prompt.text is not None else "".join(map(Detokenizer(tok).piece, prompt.ids))
         lead = " " if (not tok.is_char and shown and not shown[-1].isspace()) else ""
         generated = ""
-        token = torch.tensor([ctx[-1]], dtype=torch.long)
+        device = device_of(runner)
+        token = torch.tensor([ctx[-1]], dtype=torch.long, device=device)
         base = len(choice.text)
         for _ in range(req.max_tokens):
             logits, state = runner.step(token, state)
-            row = logits[0].float()
+            row = logits[0].float().cpu()  # (sampled on the CPU by its seeded generator, as sample_steps does)
             nxt = sampler.choose(row)
             piece = pieces.piece(nxt)
             if not generated and piece != "\n":
@@ -384,7 +386,7 @@ class CompletionRun:
                 self._trim(choice, base + cut)
                 return
             choice.text = choice.text[:base] + generated
-            token = torch.tensor([nxt], dtype=torch.long)
+            token = torch.tensor([nxt], dtype=torch.long, device=device)
             yield
 
     @staticmethod

@@ -230,11 +230,13 @@ def gradient_stats(lm: torch.nn.Module, train: Tensor, params: DynamicParams = D
 
 
 def dynamic_logprobs(lm: torch.nn.Module, inputs: Tensor, targets: Tensor, params: DynamicParams = DEFAULTS,
-                     progress: bool = False, desc: str = "dynamic", stats: GradStats | None = None) -> Tensor:
+                     progress: bool = False, desc: str = "dynamic", stats: GradStats | None = None,
+                     cuda_graphs: bool = True) -> Tensor:
     """Log-probability (float64) of every ``targets[t]`` given ``inputs[:t+1]``, for one sequence (1-D tensors of
     equal length), with the weights adapting segment by segment; the model itself is never written (a copy adapts).
     ``stats``: the model's :func:`gradient_stats`, required by ``rule="rms"`` (``ZooModel`` computes them from its
-    training split and caches them)."""
+    training split and caches them). On CUDA each segment's step replays from a CUDA graph unless ``cuda_graphs`` is
+    false (the same kernels: the same numbers, to float rounding)."""
     if inputs.dim() != 1 or inputs.shape != targets.shape:
         raise ConfigError("inputs and targets must be 1-D tensors of the same length")
     params_list = [p for p in lm.parameters() if p.requires_grad]
@@ -264,28 +266,49 @@ def dynamic_logprobs(lm: torch.nn.Module, inputs: Tensor, targets: Tensor, param
     out = torch.empty(targets.numel(), dtype=torch.float64)
     device = theta0[0].device if theta0 else torch.device("cpu")
     state = lm.init_state(1, device)
+
+    def segment(x: Tensor, y: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Score a segment, then take the step on its loss: ``(log p [n], state)``."""
+        with torch.enable_grad():
+            logits, state = lm(x, state)
+            logp = torch.log_softmax(logits[0].float(), dim=-1).gather(1, y[:, None]).squeeze(1)
+            grads = torch.autograd.grad(-logp.mean(), params_list, allow_unused=True)
+        with torch.no_grad():
+            _step(params_list, grads, theta0, params, inv_denom, decay_rate)
+        return logp.detach(), tuple(s.detach() for s in state)
+
+    run = _segment_runner(device, cuda_graphs and adapt)
     try:
         for start in tqdm(range(0, targets.numel(), seg), desc=desc, unit="segment", disable=not progress,
                           leave=False):
             x = inputs[start:start + seg].to(device)[None]
             y = targets[start:start + seg].to(device)
-            state = tuple(s.detach() for s in state)
-            with torch.enable_grad() if adapt else torch.no_grad():
-                logits, state = lm(x, state)
-                logp = torch.log_softmax(logits[0].float(), dim=-1).gather(1, y[:, None]).squeeze(1)
-                out[start:start + y.numel()] = logp.detach().double().cpu()
-                if adapt and not bool(torch.isfinite(out[start:start + y.numel()]).all()):
-                    raise ConfigError(f"dynamic evaluation diverged at token {start:,}: the adapted weights are no "
-                                      f"longer finite: the steps are too large for this model (lr {params.lr:g}"
-                                      f"{f', eps {params.eps:g}' if params.rule == 'rms' else ''}); try a smaller lr")
-                if not adapt:
-                    continue
-                grads = torch.autograd.grad(-logp.mean(), params_list, allow_unused=True)
-            with torch.no_grad():
-                _step(params_list, grads, theta0, params, inv_denom, decay_rate)
+            state = state if hasattr(state, "flat") else tuple(s.detach() for s in state)
+            if adapt:
+                logp, state = run(segment, (x, y), state)
+            else:
+                with torch.no_grad():
+                    logits, state = lm(x, state)
+                    logp = torch.log_softmax(logits[0].float(), dim=-1).gather(1, y[:, None]).squeeze(1)
+            out[start:start + y.numel()] = logp.double().cpu()
+            if adapt and not bool(torch.isfinite(out[start:start + y.numel()]).all()):
+                raise ConfigError(f"dynamic evaluation diverged at token {start:,}: the adapted weights are no "
+                                  f"longer finite: the steps are too large for this model (lr {params.lr:g}"
+                                  f"{f', eps {params.eps:g}' if params.rule == 'rms' else ''}); try a smaller lr")
     finally:
         lm.train(was_training)
     return out
+
+
+def _segment_runner(device: torch.device, graphs: bool) -> Any:
+    """How a segment step runs: replayed from CUDA graphs on a GPU (:mod:`zoo.captured_inference`: a segment is a
+    forward, a backward and an update of small kernels, launch-bound at batch 1), else called as it is."""
+    if graphs and device.type == "cuda":
+        from zoo.captured_inference import CapturedCalls
+
+        calls = CapturedCalls(device)
+        return lambda fn, inputs, state: calls("dynamic", fn, inputs, state)
+    return lambda fn, inputs, state: fn(*inputs, state)
 
 
 def _step(params_list: list[torch.nn.Parameter], grads: tuple[Tensor | None, ...], theta0: list[Tensor],

@@ -71,6 +71,10 @@ class BackendError(ConfigError):
     """A backend that does not exist, or cannot run this model / in this environment (``zoo.backends``)."""
 
 
+class DeviceError(ConfigError):
+    """A device argument that is not a device, or names one this machine does not have (``zoo.device``)."""
+
+
 class MissingFileError(ZooError, FileNotFoundError):
     """A file the caller pointed at (a recipe, an export, a checkpoint folder) does not exist."""
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from zoo.device import device_of
 from zoo.errors import InvalidRequest
 from zoo.scoring import LOGIT_BUDGET, Steps, run_steps
 from zoo.tokenizer import UNK, Tokenizer
@@ -92,10 +93,11 @@ def read_context_steps(runner, ids: list[int], vocab_size: int,
     piece = max(1, LOGIT_BUDGET // vocab_size)
     if step_tokens is not None:
         piece = max(1, min(piece, step_tokens))
+    device = device_of(runner)
     for start in range(0, len(ids), piece):
         if start:
             yield
-        _, state = runner.forward(torch.tensor([ids[start:start + piece]], dtype=torch.long), state)
+        _, state = runner.forward(torch.tensor([ids[start:start + piece]], dtype=torch.long, device=device), state)
     return state
 
 
@@ -150,14 +152,15 @@ def sample_steps(runner, tokenizer: Tokenizer, prompt: str, params: SamplingPara
         state = run_steps(reading)
     else:
         state = yield from reading
-    token = torch.tensor([context[-1]], dtype=torch.long)
+    device = device_of(runner)
+    token = torch.tensor([context[-1]], dtype=torch.long, device=device)
     for _ in range(params.max_new_tokens):
         logits, state = runner.step(token, state)
-        nxt = sampler.choose(logits[0].float())
+        nxt = sampler.choose(logits[0].float().cpu())  # (sampled on the CPU, by its seeded generator, on any device)
         if params.stop_at_eos and nxt == tokenizer.eos_id:
             return
         yield nxt
-        token = torch.tensor([nxt], dtype=torch.long)
+        token = torch.tensor([nxt], dtype=torch.long, device=device)
 
 
 class Detokenizer:

@@ -99,6 +99,11 @@ class LanguageModel(nn.Module):
         return {"decoder.weight": "embedding.weight"} if self.tie_weights else {}
 
     # -- computation --------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (what scoring and generation put their token tensors on)."""
+        return self.decoder.weight.device
+
     def init_state(self, batch_size: int, device: torch.device | None = None) -> State:
         return self.rnn.init_state(batch_size, device=device or self.decoder.weight.device,
                                    dtype=self.decoder.weight.dtype)

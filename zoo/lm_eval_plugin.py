@@ -51,7 +51,7 @@ import torch
 
 import zoo
 from zoo.data import DATASETS, resolve_data_dir
-from zoo.errors import DataError
+from zoo.errors import DataError, ZooError
 from zoo.generation import MIN_TEMPERATURE, read_context
 from zoo.scoring import LOGIT_BUDGET  # logits held at once (floats): bounds memory for any length
 
@@ -86,9 +86,10 @@ class ZooLM(LM):
     ``pretrained``: a catalogue name (``zoo list``) or a checkpoint directory; ``backend``: ``eager`` (default),
     ``torchscript``, ``onnx`` or ``onnx-int8`` (as :func:`zoo.load`); ``dtype``: ``float32`` (default) or
     ``bfloat16`` (eager only); ``revision``: a Hub revision; ``max_gen_toks``: the default generation length.
-    The zoo runs on the CPU: the harness's CLI always passes ``--device`` (``cuda:0`` by default), which is accepted
-    and ignored with a note. ``batch_size`` (``auto`` = 32) batches documents; it never changes a score (an RNN is
-    causal). ``trust_remote_code`` (added by the harness's flag of that name) is accepted and means nothing here.
+    ``device``: the harness's ``--device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``; none: the CPU), as
+    :func:`zoo.load` takes it: one this machine lacks is a :class:`~zoo.errors.DeviceError`. ``batch_size``
+    (``auto`` = 32) batches documents; it never changes a score (an RNN is causal). ``trust_remote_code`` (added
+    by the harness's flag of that name) is accepted and means nothing here.
     """
 
     def __init__(self, pretrained: str = "default", backend: str = "eager", dtype: str | None = None,
@@ -98,15 +99,14 @@ class ZooLM(LM):
         key = dtype.lower() if isinstance(dtype, str) else dtype
         if key not in _PRECISIONS:
             raise ValueError(f"dtype {dtype!r} not supported: use float32 or bfloat16")
-        if device not in (None, "cpu"):
-            log.warning("zoo models are scored on the CPU: device %r ignored", device)
         kwargs = {"revision": revision} if revision else {}
-        self.model = zoo.load(str(pretrained), backend=backend, precision=_PRECISIONS[key], **kwargs)
+        self.model = zoo.load(str(pretrained), backend=backend, precision=_PRECISIONS[key], device=device or "cpu",
+                              **kwargs)
         self.batch_size = _batch_size(batch_size)
         if max_batch_size:
             self.batch_size = min(self.batch_size, int(max_batch_size))
         self.max_gen_toks = int(max_gen_toks)
-        self._device = torch.device("cpu")
+        self._device = self.model.device
         self._empty_continuations = 0
 
     # -- metadata the harness records -----------------------------------------------------------------------------
@@ -186,12 +186,13 @@ class ZooLM(LM):
             greedy = torch.empty(len(idx), longest, dtype=torch.bool)
             step = max(1, min(256, LOGIT_BUDGET // max(1, len(idx) * len(tok))))
             state = runner.init_state(len(idx))
+            inp, tgt = inp.to(self._device), tgt.to(self._device)
             for t in range(0, longest, step):
                 logits, state = runner.forward(inp[:, t:t + step], state)
                 lp = torch.log_softmax(logits.float(), dim=-1)
                 y = tgt[:, t:t + step, None]
-                logp[:, t:t + step] = lp.gather(-1, y).squeeze(-1).double()
-                greedy[:, t:t + step] = lp.argmax(-1) == y.squeeze(-1)
+                logp[:, t:t + step] = lp.gather(-1, y).squeeze(-1).double().cpu()
+                greedy[:, t:t + step] = (lp.argmax(-1) == y.squeeze(-1)).cpu()
             for b, i in enumerate(idx):
                 n_ctx, n_cont = len(pairs[i][0]), len(pairs[i][1])
                 empty += n_cont == 0
@@ -232,8 +233,8 @@ class ZooLM(LM):
         state = read_context(runner, ids[:-1], len(tok))  # a long few-shot context in pieces, state carried
         last, text = ids[-1], ""
         for _ in range(limit):
-            logits, state = runner.step(torch.tensor([last], dtype=torch.long), state)
-            last = _pick(logits[0].float(), temp, int(top_k), float(top_p), gen)
+            logits, state = runner.step(torch.tensor([last], dtype=torch.long, device=self._device), state)
+            last = _pick(logits[0].float().cpu(), temp, int(top_k), float(top_p), gen)
             text += self._piece(last, context, text)
             hits = [i for i in (text.find(s) for s in stops) if i >= 0]
             if hits:
@@ -345,7 +346,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args and not {"-h", "--help"} & set(args) and not any(a.startswith("--include_path") for a in args):
         args += ["--include_path", str(TASKS_DIR)]
     sys.argv = ["lm_eval", *args]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ZooError as e:  # (a device this machine lacks, an unknown model: one line, as the zoo's CLI says it)
+        print(f"zoo-lm-eval: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "zoo.lm_eval_plugin":  # imported (not run as a script: main() imports this module by name)

@@ -59,6 +59,10 @@ class AutocastRunner:
     def __init__(self, lm: torch.nn.Module, name: str) -> None:
         self.lm, self.precision = lm, check(name)
 
+    @property
+    def device(self) -> torch.device:
+        return self.lm.decoder.weight.device
+
     def init_state(self, batch_size: int, device: torch.device | None = None) -> tuple[torch.Tensor, ...]:
         return self.lm.init_state(batch_size, device)
 

@@ -20,9 +20,10 @@ import torch
 from zoo.catalog import bundled_dir, canonical_name, catalog, catalog_path, resolve_local  # noqa: F401 (re-exported)
 from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import load_corpus, resolve_data_dir, sentences
+from zoo.device import exact_float32, resolve_device
 from zoo.dynamic import DEFAULTS as DYNAMIC_DEFAULTS
 from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs, gradient_stats, load_stats, save_stats
-from zoo.errors import CheckpointError, ConfigError, ModelNotFoundError, WrongType  # noqa: F401 (re-exported)
+from zoo.errors import BackendError, CheckpointError, ConfigError, ModelNotFoundError, WrongType  # noqa: F401
 from zoo.files import cache_home
 from zoo.generation import SamplingParams, sample_ids, stream_steps, stream_text
 from zoo.lm import LanguageModel
@@ -59,7 +60,9 @@ class ZooModel:
     """A language model with its tokenizer: score, generate, evaluate, save.
 
     ``runner`` is what computes logits: the eager :class:`LanguageModel` by default, or a
-    TorchScript / ONNX Runtime backend with the same ``init_state/forward/step`` calls.
+    TorchScript / ONNX Runtime backend with the same ``init_state/forward/step`` calls. The eager model runs on
+    :attr:`device` (:meth:`to`); on CUDA in fp32 its runner replays the single-token step and the batch-1 scoring
+    chunk from CUDA graphs (:mod:`zoo.captured_inference`) unless ``cuda_graphs=False``.
     """
 
     def __init__(self, lm: LanguageModel, tokenizer: Tokenizer, config: dict[str, Any],
@@ -76,6 +79,8 @@ class ZooModel:
         self.runner = runner if runner is not None else self.lm
         self.backend = backend
         self.precision = "fp32"
+        self.cuda_graphs = True
+        self._device = torch.device("cpu")
         self._dynamic_stats: dict[tuple, GradStats] = {}
         try:  # checked at load: a malformed entry is a broken checkpoint, not a surprise at scoring time
             self.dynamic_defaults: DynamicParams = DYNAMIC_DEFAULTS.with_changes(config.get("dynamic_eval") or {})
@@ -87,17 +92,52 @@ class ZooModel:
         """Whether the files were checked against the catalogue's sha256 pins (bundled or a catalogue release)."""
         return self.source in ("bundled", "hub cache", "hub download")
 
+    @property
+    def device(self) -> torch.device:
+        """Where the eager model's weights live and its scoring, generation and evaluation run (:meth:`to`)."""
+        return self._device
+
+    def to(self, device: str | torch.device, cuda_graphs: bool | None = None) -> ZooModel:
+        """Move the model to ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``: CUDA when there is one;
+        :func:`zoo.device.resolve_device`); a device this machine lacks is a :class:`~zoo.errors.DeviceError`.
+        On CUDA float32 stays float32 (TF32 off, :func:`zoo.device.exact_float32`), so the numbers are the CPU's
+        to float rounding; ``cuda_graphs`` (default: as before, on) replays the single-token step and the batch-1
+        scoring chunk from CUDA graphs. Exports (TorchScript / ONNX Runtime) run on the CPU only."""
+        target = resolve_device(device)
+        if cuda_graphs is not None:
+            if not isinstance(cuda_graphs, bool):
+                raise WrongType(f"cuda_graphs must be a bool, got {type(cuda_graphs).__name__}")
+            self.cuda_graphs = cuda_graphs
+        if target.type != "cpu" and self.backend != "eager":
+            raise BackendError(f"the {self.backend!r} backend runs on the CPU only (device {str(device)!r}): use the "
+                               "eager backend on CUDA")
+        exact_float32(target)
+        self.lm.to(target)
+        self._device = target
+        return self.set_precision(self.precision)
+
     def set_precision(self, precision: str) -> ZooModel:
         """Compute precision of eager scoring and generation: ``"fp32"`` (default: exact numbers) or ``"bf16"``
-        (bfloat16 GEMMs, see :mod:`zoo.precision`; the perplexity changes slightly, and whether it is faster
-        depends on the CPU). Exports (TorchScript / ONNX) run as exported: only the eager backend takes this."""
+        (bfloat16 GEMMs, see :mod:`zoo.precision`; the perplexity changes slightly; whether it is faster depends
+        on the CPU, and on a GPU it speeds up batched scoring). Exports (TorchScript / ONNX) run as exported: only
+        the eager backend takes this."""
         check_precision(precision)
         if precision != "fp32" and self.backend != "eager":
             raise ConfigError(f"precision {precision!r} applies to the eager backend only, not {self.backend!r}")
         if self.backend == "eager":   # an export's runner stays as attached
-            self.runner = self.lm if precision == "fp32" else AutocastRunner(self.lm, precision)
+            self.runner = self._eager_runner(precision)
         self.precision = precision
         return self
+
+    def _eager_runner(self, precision: str) -> Any:
+        """The model itself (CPU, fp32), its CUDA-graph runner (CUDA, fp32) or its autocast runner (bf16)."""
+        if precision != "fp32":
+            return AutocastRunner(self.lm, precision)
+        if self._device.type == "cuda" and self.cuda_graphs:
+            from zoo.captured_inference import GraphRunner
+
+            return GraphRunner(self.lm)
+        return self.lm
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, source: str = "local path",
@@ -310,7 +350,8 @@ class ZooModel:
 
     def __repr__(self) -> str:
         return (f"ZooModel(name={self.name!r}, architecture={self.lm.architecture!r}, "
-                f"params={self.num_parameters:,}, source={self.source!r}, backend={self.backend!r})")
+                f"params={self.num_parameters:,}, source={self.source!r}, backend={self.backend!r}"
+                + (f", device='{self.device}')" if self.device.type != "cpu" else ")"))
 
 
 def _weights_fingerprint(lm: torch.nn.Module) -> str:
@@ -322,14 +363,16 @@ def _weights_fingerprint(lm: torch.nn.Module) -> str:
 
 
 def load(name_or_path: str | os.PathLike, backend: str = "eager", precision: str = "fp32", *,
-         revision: str | None = None, source: str = "auto", token: str | bool | None = None,
-         cache_dir: str | os.PathLike | None = None, endpoint: str | None = None) -> ZooModel:
+         device: str | torch.device = "cpu", revision: str | None = None, source: str = "auto",
+         token: str | bool | None = None, cache_dir: str | os.PathLike | None = None,
+         endpoint: str | None = None) -> ZooModel:
     """Load a pretrained model by catalogue name (``zoo list``) or from a checkpoint directory.
 
     ``precision``: ``"fp32"`` (default) or ``"bf16"`` for eager scoring and generation (see
-    :meth:`ZooModel.set_precision`). ``revision``, ``source="auto"|"hub"|"bundled"``, ``token``, ``cache_dir``
-    and ``endpoint`` say where to look (:func:`zoo.hub.resolve`); ``model.source`` says where the weights came
-    from.
+    :meth:`ZooModel.set_precision`). ``device``: ``"cpu"`` (default: the published numbers), ``"cuda"``,
+    ``"cuda:N"`` or ``"auto"`` (CUDA when there is one); see :meth:`ZooModel.to`. ``revision``,
+    ``source="auto"|"hub"|"bundled"``, ``token``, ``cache_dir`` and ``endpoint`` say where to look
+    (:func:`zoo.hub.resolve`); ``model.source`` says where the weights came from.
     """
     from zoo.hub import HF_PREFIX, parse_hf_spec, pinned_release, resolve
 
@@ -340,6 +383,10 @@ def load(name_or_path: str | os.PathLike, backend: str = "eager", precision: str
     check_precision(precision)
     if precision != "fp32" and backend != "eager":
         raise ConfigError(f"precision {precision!r} applies to the eager backend only, not {backend!r}")
+    target = resolve_device(device)   # (a device this machine lacks: refused before anything is fetched)
+    if target.type != "cpu" and backend != "eager":
+        raise BackendError(f"the {backend!r} backend runs on the CPU only (device {str(device)!r}): use the eager "
+                           "backend on CUDA")
     directory, source = resolve(name_or_path, **kwargs)
     text = str(name_or_path)
     if source == "local path":
@@ -354,4 +401,5 @@ def load(name_or_path: str | os.PathLike, backend: str = "eager", precision: str
     if backend != "eager":
         from zoo.backends import attach_backend
         attach_backend(model, backend)
-    return model.set_precision(precision)
+    model.set_precision(precision)
+    return model.to(target) if target.type != "cpu" else model

@@ -16,7 +16,8 @@ Conventions (the same for every architecture and backend):
 
 Everything here talks to a *runner*: an object with ``init_state(batch)`` and
 ``forward(tokens [B, T], state) -> (logits [B, T, V], state)``. The eager :class:`zoo.lm.LanguageModel`
-is one; the TorchScript and ONNX Runtime backends are others.
+is one; the TorchScript and ONNX Runtime backends are others. Token tensors are made on the runner's
+``device`` (:func:`zoo.device.device_of`; the CPU for the exports), and what is summed comes back as float64.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from zoo.data import PAD_TARGET, batchify, pad_batch
+from zoo.device import device_of
 from zoo.dynamic import DynamicParams, GradStats, dynamic_logprobs
 from zoo.models._fused_loss import logits_target_logprobs
 from zoo.tokenizer import Tokenizer
@@ -142,6 +144,8 @@ def token_logprob_steps(runner: Runner, sequences: list[list[int]], bos_id: int,
     for b, seq in enumerate(sequences):
         tgt[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
     inp = torch.cat([torch.full((bsz, 1), bos_id, dtype=torch.long), tgt[:, :-1]], dim=1)
+    device = device_of(runner)
+    inp, tgt = inp.to(device), tgt.to(device)
     state = runner.init_state(bsz)
     out = torch.empty(bsz, longest, dtype=torch.float64)
     step = _chunk_len(bsz, vocab_size)
@@ -252,6 +256,21 @@ def warnings_for(res: dict[str, Any], tokenizer: Tokenizer) -> list[str]:
     return out
 
 
+class _Nll:
+    """The NLL ``0 - lp_1 - lp_2 - ...`` (float64) of chunks' summed log-probabilities, kept on the scoring device:
+    on a GPU, reading each chunk's sum back would make the host wait for every chunk. The subtractions are the
+    ones a Python float would do, so the number is the same bit for bit."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.total = torch.zeros((), dtype=torch.float64, device=device)
+
+    def sub(self, logprob_sum: Tensor) -> None:
+        self.total -= logprob_sum.to(self.total.device)
+
+    def value(self) -> float:
+        return float(self.total)
+
+
 @torch.no_grad()
 def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: int = 70,
                     progress: bool = True, desc: str = "eval", vocab_size: int | None = None) -> dict[str, Any]:
@@ -264,9 +283,9 @@ def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: 
     ``bptt`` would otherwise ask for the whole split's logits at once).
     """
     max_rows = max(1, 4 * LOGIT_BUDGET // (batch_size * vocab_size)) if vocab_size else bptt
-    data = batchify(stream, batch_size)
+    data = batchify(stream, batch_size).to(device_of(runner))
     state = runner.init_state(batch_size)
-    nll, count = 0.0, 0
+    nll, count = _Nll(data.device), 0
     for i in tqdm(range(0, data.shape[0] - 1, bptt), desc=desc, unit="chunk", disable=not progress,
                   leave=False):
         seq = min(bptt, data.shape[0] - 1 - i)
@@ -274,9 +293,9 @@ def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: 
             n = min(step, i + seq - j)
             x, y = data[j:j + n].t(), data[j + 1:j + 1 + n].t()
             logp, state = target_logprobs(runner, x, y, state)
-            nll -= float(logp.sum(dtype=torch.float64))
+            nll.sub(logp.sum(dtype=torch.float64))
             count += y.numel()
-    res = summarize(nll, count, 0)
+    res = summarize(nll.value(), count, 0)
     res.pop("bits_per_input_char")
     res.update(batch_size=batch_size, bptt=bptt)
     return res
@@ -292,15 +311,17 @@ def evaluate_sentences(runner: Runner, seqs: list[Tensor], batch_size: int = 32,
     Sequences are batched in length order (batched scores equal one-at-a-time scores: the model is causal).
     """
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].numel())
-    nll, count = 0.0, 0
+    device = device_of(runner)
+    nll, count = _Nll(device), 0
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for idx in tqdm(batches, desc=desc, unit="batch", disable=not progress, leave=False):
         x, y = pad_batch([seqs[i] for i in idx], pad_id)
+        count += int((y != PAD_TARGET).sum())
+        x, y = x.to(device), y.to(device)
         logp, _ = target_logprobs(runner, x, y, runner.init_state(len(idx)))
         keep = (y != PAD_TARGET).to(logp.device)
-        nll -= float(logp.masked_fill(~keep, 0.0).sum(dtype=torch.float64))
-        count += int(keep.sum())
-    res = summarize(nll, count, 0)
+        nll.sub(logp.masked_fill(~keep, 0.0).sum(dtype=torch.float64))
+    res = summarize(nll.value(), count, 0)
     res.pop("bits_per_input_char")
     res.update(batch_size=batch_size, mode="sentences", num_sequences=len(seqs))
     return res

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from zoo.checkpoint import load_checkpoint, save_checkpoint
 from zoo.data import PAD_TARGET, Corpus, batchify, load_corpus, pad_batch, sentences
 from zoo.datasets import get_dataset
+from zoo.device import resolve_device
 from zoo.errors import ConfigError, MissingFileError, UsageError, ZooError
 from zoo.files import write_atomic
 from zoo.lm import LanguageModel
@@ -291,22 +292,11 @@ def _dist_info() -> tuple[int, int]:
 
 
 def _parse_device(name: str | None) -> torch.device:
-    """``--device``: cpu or cuda[:N] (default: cuda when there is one), refused in one line when it is not a
-    device torch knows or not one this machine has (torch raised a RuntimeError or an AssertionError deep in
-    the first allocation)."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"--device {name!r} is not a device (use cpu, cuda or cuda:N)") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {name!r}: training runs on cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name!r}: this machine has no CUDA device torch can use (use cpu)")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(f"--device {name!r}: there are {torch.cuda.device_count()} CUDA devices")
-    return device
+    """``--device``: cpu or cuda[:N] (default: cuda when there is one), refused in one line by
+    :func:`zoo.device.resolve_device` when it is not a device or not one this machine has. An index is kept only
+    when given (``_local_device`` picks ``cuda:LOCAL_RANK`` under torchrun)."""
+    device = resolve_device("auto" if name is None else name, "--device")
+    return device if device.type == "cpu" or ":" in (name or "") else torch.device("cuda")
 
 
 def _local_device(device: torch.device) -> torch.device:

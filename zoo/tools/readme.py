@@ -49,6 +49,7 @@ BENCHMARKS = [
     ("concurrent_runs.md", "Several training runs on one GPU: tokens/s in all for 1, 2, 3 processes"),
     ("concurrent_runs_mps.md", "Several training runs on one GPU under CUDA MPS: tokens/s in all"),
     ("campaign_pack.md", "The GPU campaign's committed pack: size per piece, repository growth, resume gap"),
+    ("gpu_inference.md", "Inference on a GPU: equal numbers, and speed against the CPU (a lent GPU)"),
     ("card_reproduction.md", "Every card's test number, reproduced by the command the card gives"),
 ]
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.backends import backend_names
+from zoo.device import check_gpus
 from zoo.errors import ConfigError
 from zoo.service import Limits
 from zoo.tools import REPO, front_door, supervise
@@ -127,6 +128,8 @@ class ServerConfig:
     job_queue_size: int = 256
     token_expiration_min: int = 60
     java_heap_mb: int = 1024
+    #: GPUs TorchServe hands out to workers (its ``number_of_gpu``; each worker's handler runs on its ``gpu_id``)
+    gpus: int = 0
     models: dict[str, str] = field(default_factory=dict)
 
     def url(self, kind: str) -> str:
@@ -715,6 +718,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     except (socket.gaierror, UnicodeError) as e:
         raise ServeError(f"--host {args.host!r} is not an address of this machine ({e})") from None
     _options(args).validate()  # (start_server moves logs/ aside before the archives, which validate, are built)
+    if check_gpus(args.gpus) and args.backend != "eager":
+        raise ServeError(f"--gpus {args.gpus} needs --backend eager (the {args.backend} backend runs on the CPU)")
     run_dir = run_dir_of(args.run_dir)
     models = [parse_model_spec(s) for s in args.model] if args.model else [("default", "default")]
     cfg = ServerConfig(host=args.host, inference_port=args.inference_port, management_port=args.management_port,
@@ -722,7 +727,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                        grpc_inference_port=args.grpc_inference_port, grpc_management_port=args.grpc_management_port,
                        disable_token_auth=args.disable_token_auth, enable_model_api=args.enable_model_api,
                        max_request_bytes=args.max_request_bytes, token_expiration_min=args.token_expiration_min,
-                       front_door=args.front_door, client_timeout=args.client_timeout)
+                       front_door=args.front_door, client_timeout=args.client_timeout,
+                       gpus=args.gpus)
     print(f"starting TorchServe with {', '.join(f'{n} ({s})' for n, s in models)}; waiting for /ping "
           f"(up to {args.timeout:.0f} s) ...", flush=True)
     start_server(models, run_dir, cfg, _options(args), build=not args.no_build, timeout=args.timeout)
@@ -826,6 +832,8 @@ def add(subparsers) -> None:
     sp.add_argument("--timeout", type=_positive(float), default=180.0,
                     help="seconds to wait for /ping (default 180)")
     sp.add_argument("--no-build", action="store_true", help="serve the .mar files already in the model store")
+    sp.add_argument("--gpus", type=int, default=0, help="GPUs TorchServe assigns to the workers, one each in turn "
+                    "(default 0: the CPU; eager backend)")
     _archive_args(sp)
     sp.set_defaults(func=cmd_start)
 
