@@ -17,10 +17,11 @@ import torch
 
 pytest.importorskip("transformers")
 
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeline  # noqa: E402
+
 import zoo  # noqa: E402
 import zoo.hf  # noqa: E402,F401 (registers the zoo with transformers)
-from tests.conftest import TINY_ARCHS, tiny_lm, tiny_tokenizer  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeline  # noqa: E402
+from tests.conftest import tiny_lm, tiny_tokenizer  # noqa: E402
 from zoo.catalog import bundled_dir  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
 from zoo.errors import CheckpointError  # noqa: E402
@@ -81,7 +82,8 @@ def test_every_architecture_through_the_auto_classes(tiny_dir):
     # beam search reorders the cache: each returned beam's score is the zoo's log-probability of its tokens. (The
     # tokenizer's attention_mask goes along: without one, and without an eos_token_id, transformers takes every
     # pad token (<eos>) of a batch for padding, the leading <eos> included.)
-    beams = model.generate(**tok("<eos>the cat", return_tensors="pt"), max_new_tokens=6, num_beams=4, num_return_sequences=4, do_sample=False,
+    beams = model.generate(**tok("<eos>the cat", return_tensors="pt"), max_new_tokens=6, num_beams=4,
+                           num_return_sequences=4, do_sample=False,
                            eos_token_id=None, length_penalty=0.0, output_scores=True, return_dict_in_generate=True)
     for seq, score in zip(beams.sequences, beams.sequences_scores, strict=True):
         full = seq.tolist()

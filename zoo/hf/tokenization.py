@@ -46,8 +46,9 @@ class AlstmZooTokenizer(PreTrainedTokenizerFast):
 
     def __init__(self, *args: Any, zoo_tokenizer: Tokenizer | None = None, **kwargs: Any):
         if zoo_tokenizer is None:
-            raise ValueError("AlstmZooTokenizer needs the zoo tokenizer: load it with AlstmZooTokenizer.from_pretrained("
-                             "<checkpoint folder>) or AutoTokenizer.from_pretrained after `import zoo.hf`")
+            raise ValueError("AlstmZooTokenizer needs the zoo tokenizer: load it with "
+                             "AlstmZooTokenizer.from_pretrained(<checkpoint folder>) or AutoTokenizer.from_pretrained "
+                             "after `import zoo.hf`")
         self.zoo_tokenizer = zoo_tokenizer
         for name, token in (("bos_token", EOS), ("eos_token", EOS), ("pad_token", EOS),
                             ("unk_token", UNK if UNK in zoo_tokenizer.index else None)):

@@ -123,9 +123,9 @@ class _Loader:
 
 
 class Finder:
-    """A ``sys.meta_path`` finder that answers for the modules of :data:`ACTIONS` only: it asks the other finders for
-    the real spec and wraps its loader in :class:`_Loader`. For every other module, and on any error, it returns ``None``
-    (Python goes on to the next finder, as if the hook were not there)."""
+    """A ``sys.meta_path`` finder that answers for the modules of :data:`ACTIONS` only: it asks the other finders
+    for the real spec and wraps its loader in :class:`_Loader`. For every other module, and on any error, it returns
+    ``None`` (Python goes on to the next finder, as if the hook were not there)."""
 
     def find_spec(self, fullname: str, path=None, target=None):
         then = ACTIONS.get(fullname)
