@@ -60,11 +60,17 @@ def zoo_spec(name_or_path: str | os.PathLike) -> str:
 
 def resolve_checkpoint(name_or_path: str | os.PathLike, kwargs: dict[str, Any]) -> tuple[Path, str]:
     """The checkpoint folder and its source (:func:`zoo.hub.resolve`) for transformers' ``from_pretrained``
-    arguments (``revision``, ``cache_dir``, ``token``)."""
+    arguments (``revision``, ``cache_dir``, ``token``). A local folder has no revision: transformers' callers pass
+    ``"main"`` anyway (lm-eval does), and transformers ignores it there, so the zoo does too."""
     from zoo.hub import resolve
 
-    return resolve(zoo_spec(name_or_path), revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"),
-                   token=kwargs.get("token"))
+    return resolve(zoo_spec(name_or_path), revision=hub_revision(name_or_path, kwargs),
+                   cache_dir=kwargs.get("cache_dir"), token=kwargs.get("token"))
+
+
+def hub_revision(name_or_path: str | os.PathLike, kwargs: dict[str, Any]) -> str | None:
+    """The ``revision`` keyword where it applies (a Hub model), else ``None``."""
+    return None if Path(str(name_or_path)).is_dir() else kwargs.get("revision")
 
 
 class AlstmZooCache:
@@ -148,7 +154,7 @@ class AlstmZooForCausalLM(AlstmZooPreTrainedModel, GenerationMixin):
                               f"{', '.join(bad) or 'positional model arguments'}")
         directory, source = resolve_checkpoint(pretrained_model_name_or_path, kwargs)
         spec = zoo_spec(pretrained_model_name_or_path)
-        model = load(spec if source != "local path" else directory, revision=kwargs.get("revision"),
+        model = load(spec if source != "local path" else directory, revision=hub_revision(spec, kwargs),
                      cache_dir=kwargs.get("cache_dir"), token=kwargs.get("token"))
         hf = cls.from_zoo(model)
         hf.name_or_path = str(pretrained_model_name_or_path)
