@@ -245,6 +245,13 @@ class AlstmZooForCausalLM(AlstmZooPreTrainedModel, GenerationMixin):
         total = -(logp * keep).sum()
         return total / (num_items if num_items is not None else keep.sum().clamp(min=1))
 
+    def _prepare_attention_mask_for_generation(self, inputs_tensor: Tensor, generation_config: Any,
+                                               model_kwargs: dict[str, Any]) -> Tensor:
+        """No padding is inferred from the ids: the pad token is ``<eos>``, which is also the text start a prompt
+        begins with (transformers would take that for padding once ``eos_token_id`` is not the pad id). Padding is
+        what the caller's ``attention_mask`` says (the tokenizer gives one)."""
+        return torch.ones(inputs_tensor.shape[:2], dtype=torch.long, device=inputs_tensor.device)
+
     def prepare_inputs_for_generation(self, input_ids: Tensor, cache: AlstmZooCache | None = None,
                                       attention_mask: Tensor | None = None, use_cache: bool | None = None,
                                       **kwargs: Any) -> dict[str, Any]:
