@@ -30,6 +30,16 @@ CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, CARD_FILE = "config.json", "model.safeten
 TOKENIZER_FILE = "tokenizer.json"
 #: What every checkpoint folder must hold.
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
+#: What Hugging Face transformers reads in ``config.json`` to pick the classes :mod:`zoo.hf` registers. Written with
+#: every checkpoint since the transformers door; optional when loading (the bundled and released checkpoints predate
+#: it, and their config.json is sha256-pinned: :mod:`zoo.hf` fills these in for them).
+HF_MODEL_TYPE = "alstm_zoo"
+HF_ARCHITECTURE = "AlstmZooForCausalLM"
+
+
+def hf_fields() -> dict[str, Any]:
+    """The ``config.json`` entries transformers recognises a zoo checkpoint by (``AutoConfig``, ``AutoModel*``)."""
+    return {"model_type": HF_MODEL_TYPE, "architectures": [HF_ARCHITECTURE]}
 
 
 def save_checkpoint(directory: str | os.PathLike, model: LanguageModel, tokenizer: Tokenizer,
@@ -49,6 +59,7 @@ def save_checkpoint(directory: str | os.PathLike, model: LanguageModel, tokenize
         "torch_dtype": str(dtype or next(iter(state.values())).dtype).replace("torch.", ""),
     }
     config.update(extra_config or {})
+    config.update(hf_fields())
     tmp = out / (WEIGHTS_FILE + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt", "tied": json.dumps(tied)})
     os.replace(tmp, out / WEIGHTS_FILE)

@@ -151,7 +151,7 @@ class ZooModel:
                         dtype: torch.dtype | None = None) -> Path:
         extra = {k: v for k, v in self.config.items()
                  if k not in ("architecture", "model_args", "tokenizer", "num_parameters", "torch_dtype",
-                              "zoo_format")}
+                              "zoo_format", "model_type", "architectures")}
         extra.update(extra_config or {})
         return save_checkpoint(directory, self.lm, self.tokenizer, extra, dtype=dtype)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.catalog import DEFAULT_REVISION, bundled_dir, catalog_path, sha256_file
-from zoo.checkpoint import CARD_FILE, CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, WEIGHTS_FILE
+from zoo.checkpoint import CARD_FILE, CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, WEIGHTS_FILE, hf_fields
 from zoo.errors import ConfigError
 from zoo.files import is_leftover, write_atomic
 from zoo.tools import PACKAGE_DIR, REPO
@@ -248,7 +248,7 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
     try:
         for f in (VOCAB_FILE, WEIGHTS_FILE):
             shutil.copyfile(run / "release" / f, stage / f)
-        config = dict(config, name=name, metrics=metrics)
+        config = dict(config, name=name, metrics=metrics, **hf_fields())
         dynamic = dynamic_runs(Path(results_dir) if results_dir else REPO / "benchmarks" / "results").get(name)
         config.pop("dynamic_eval", None)  # (a refresh starts from the bundled config: the result decides anew)
         if dynamic:

@@ -26,6 +26,13 @@ asks for the model ``zoo``.
 Safety: a failure inside the hook never breaks Python's start-up nor lm_eval: the finder then steps aside, and a
 failed registration is reported once as a ``RuntimeWarning`` (``zoo-lm-eval`` still works). Set
 ``ALSTM_ZOO_NO_LM_EVAL_HOOK=1`` (any value but empty or ``0``) to keep the hook off.
+
+The same finder gives the harness's own ``--model hf`` the zoo's checkpoints: right after lm_eval's Hugging Face
+backend (``lm_eval.models.huggingface``, which imports transformers) has executed, it imports ``zoo.hf``, which
+registers the zoo's classes with transformers' Auto classes (no remote code). So
+``lm_eval --model hf --model_args pretrained=<zoo checkpoint folder>`` works with the stock command; where this hook
+is not installed, ``python -c 'import zoo.hf, lm_eval.__main__ as m; m.cli_evaluate()' --model hf ...`` does the
+same. Nothing of the zoo is imported for any other backend.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ import sys
 OPT_OUT_ENV = "ALSTM_ZOO_NO_LM_EVAL_HOOK"
 #: The module whose import triggers the registration.
 TRIGGER = "lm_eval.models"
+#: lm_eval's Hugging Face backend: after it, ``zoo.hf`` registers the zoo with transformers.
+HF_TRIGGER = "lm_eval.models.huggingface"
+HF_MODULE = "zoo.hf"
 #: The harness model name and its lazy target (``zoo.lm_eval_plugin`` checks it names :class:`ZooLM`).
 MODEL_NAME = "zoo"
 TARGET = "zoo.lm_eval_plugin:ZooLM"
@@ -71,13 +81,32 @@ def register() -> None:
         _warn_once("could not register the harness model 'zoo'", exc)
 
 
-class _Loader:
-    """Wraps the real loader of ``lm_eval.models`` to register ``zoo`` right after the module has executed. It hands
-    the module back its real loader before executing it, and passes anything else through (``__getattr__``), so
-    ``importlib.resources``, ``inspect`` and reloads see the harness's own loader."""
+def register_hf() -> None:
+    """Import :data:`HF_MODULE` (its import registers the zoo's classes with transformers). Called right after
+    lm_eval's Hugging Face backend has executed. Without the zoo or transformers installed there is nothing to do."""
+    try:
+        import importlib
 
-    def __init__(self, loader) -> None:
+        importlib.import_module(HF_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("zoo", "transformers"):
+            _warn_once("could not register the zoo with transformers", exc)
+    except Exception as exc:  # noqa: BLE001 - never break lm_eval
+        _warn_once("could not register the zoo with transformers", exc)
+
+
+#: What runs right after each trigger module has executed.
+ACTIONS = {TRIGGER: register, HF_TRIGGER: register_hf}
+
+
+class _Loader:
+    """Wraps the real loader of a trigger module to run its action (:data:`ACTIONS`) right after the module has
+    executed. It hands the module back its real loader before executing it, and passes anything else through
+    (``__getattr__``), so ``importlib.resources``, ``inspect`` and reloads see the harness's own loader."""
+
+    def __init__(self, loader, then=register) -> None:
         self._loader = loader
+        self._then = then
 
     def __getattr__(self, name: str):
         return getattr(self._loader, name)
@@ -90,16 +119,17 @@ class _Loader:
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        register()
+        self._then()
 
 
 class Finder:
-    """A ``sys.meta_path`` finder that answers for :data:`TRIGGER` only: it asks the other finders for the real
-    spec and wraps its loader in :class:`_Loader`. For every other module, and on any error, it returns ``None``
-    (Python goes on to the next finder, as if the hook were not there)."""
+    """A ``sys.meta_path`` finder that answers for the modules of :data:`ACTIONS` only: it asks the other finders
+    for the real spec and wraps its loader in :class:`_Loader`. For every other module, and on any error, it returns
+    ``None`` (Python goes on to the next finder, as if the hook were not there)."""
 
     def find_spec(self, fullname: str, path=None, target=None):
-        if fullname != TRIGGER:
+        then = ACTIONS.get(fullname)
+        if then is None:
             return None
         try:
             for finder in sys.meta_path:
@@ -113,7 +143,7 @@ class Finder:
                 return None
             if spec.loader is None or not hasattr(spec.loader, "exec_module"):
                 return None
-            spec.loader = _Loader(spec.loader)
+            spec.loader = _Loader(spec.loader, then)
             return spec
         except Exception as exc:  # noqa: BLE001 - fall back to the plain import
             _warn_once("the lm_eval import hook failed", exc)
@@ -136,8 +166,9 @@ def install() -> bool:
     try:
         if not any(isinstance(f, Finder) for f in sys.meta_path):
             sys.meta_path.insert(0, Finder())
-        if TRIGGER in sys.modules:
-            register()
+        for name, then in ACTIONS.items():
+            if name in sys.modules:
+                then()
         return True
     except Exception as exc:  # noqa: BLE001 - never break start-up
         _warn_once("could not install the lm_eval import hook", exc)

@@ -1,0 +1,249 @@
+"""The Hugging Face door (zoo/hf/): zoo checkpoints through the real transformers' Auto classes, generate, pipeline
+and lm-eval's own ``hf`` model give the zoo's numbers and tokens."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeline  # noqa: E402
+
+import zoo  # noqa: E402
+import zoo.hf  # noqa: E402,F401 (registers the zoo with transformers)
+from tests.conftest import tiny_lm, tiny_tokenizer  # noqa: E402
+from zoo.catalog import bundled_dir  # noqa: E402
+from zoo.checkpoint import save_checkpoint  # noqa: E402
+from zoo.errors import CheckpointError  # noqa: E402
+from zoo.hf import AlstmZooCache, AlstmZooConfig, AlstmZooForCausalLM, AlstmZooTokenizer  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+BUNDLED = sorted(p.name for p in bundled_dir().iterdir() if (p / "config.json").is_file())
+TEXT = "The Dow rose 3.5% on Monday, Mr. Smith's fund didn't.\nIt was the best week since 1987 for the U.S. market."
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _zoo_ids(model: zoo.ZooModel, text: str) -> list[int]:
+    """What the zoo scores for ``text``: its ids, after the one ``<eos>`` its first token is conditioned on."""
+    return [model.tokenizer.eos_id, *model.tokenizer.encode(text).ids]
+
+
+def spread_lm(variant: str, seed: int = 3):
+    """A tiny model whose weights are drawn wide (N(0, 0.5)): untrained tiny models have logits of order 1e-9, whose
+    ties float rounding breaks either way, and a greedy comparison needs a clear winner at each step."""
+    lm = tiny_lm(variant, seed=seed).eval()
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.normal_(0.0, 0.5)
+    return lm
+
+
+@pytest.fixture
+def tiny_dir(tmp_path, variant) -> Path:
+    lm = spread_lm(variant)
+    return save_checkpoint(tmp_path / variant, lm, tiny_tokenizer(), {"name": f"tiny-{variant}", "dataset": "ptb"})
+
+
+# -- every registered architecture ---------------------------------------------------------------------------------
+def test_every_architecture_through_the_auto_classes(tiny_dir):
+    """A checkpoint the zoo saves names its transformers classes; the Auto classes load it strictly, and its logits,
+    loss, greedy tokens and beam scores are the zoo's."""
+    config = json.loads((tiny_dir / "config.json").read_text())
+    assert config["model_type"] == "alstm_zoo" and config["architectures"] == ["AlstmZooForCausalLM"]
+    assert type(AutoConfig.from_pretrained(tiny_dir)) is AlstmZooConfig
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    assert type(model) is AlstmZooForCausalLM and type(tok) is AlstmZooTokenizer and model.dtype == torch.float32
+    ref = zoo.load(tiny_dir)
+    text = "the cat sat on the mat\na dog ran"
+    ids = tok("<eos>" + text + "\n", return_tensors="pt").input_ids
+    assert ids[0].tolist() == _zoo_ids(ref, text)
+    with torch.no_grad():
+        out = model(ids, labels=ids)
+    assert out.loss.item() == pytest.approx(ref.score(text)[0]["avg_nll"], rel=1e-6)
+    assert isinstance(out.cache, AlstmZooCache) and out.cache.get_seq_length() == ids.shape[1]
+
+    prompt = tok("<eos>the cat", return_tensors="pt").input_ids
+    greedy = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assert greedy[0, prompt.shape[1]:].tolist() == ref.generate_ids("the cat", max_new_tokens=12, temperature=0)
+
+    # beam search reorders the cache: each returned beam's score is the zoo's log-probability of its tokens
+    beams = model.generate(prompt, max_new_tokens=6, num_beams=4,
+                           num_return_sequences=4, do_sample=False,
+                           eos_token_id=None, length_penalty=0.0, output_scores=True, return_dict_in_generate=True)
+    for seq, score in zip(beams.sequences, beams.sequences_scores, strict=True):
+        full = seq.tolist()
+        with torch.no_grad():
+            logits = ref.lm(torch.tensor([full[:-1]]))[0].log_softmax(-1)[0]
+        logp = sum(float(logits[t - 1, full[t]]) for t in range(prompt.shape[1], len(full)))
+        assert float(score) == pytest.approx(logp, abs=1e-4)
+
+
+def test_left_padded_batch_generates_as_each_row_alone(tmp_path):
+    lm = spread_lm("alstm", seed=5)
+    folder = save_checkpoint(tmp_path / "m", lm, tiny_tokenizer(), {"name": "m"})
+    model, tok = AlstmZooForCausalLM.from_pretrained(folder), AlstmZooTokenizer.from_pretrained(folder)
+    tok.padding_side = "left"
+    prompts = ["<eos>the cat sat on", "<eos>a dog"]
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    assert batch.attention_mask[1, 0] == 0
+    together = model.generate(**batch, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(tok(prompt, return_tensors="pt").input_ids, max_new_tokens=8, do_sample=False,
+                               eos_token_id=None)
+        assert together[row, -8:].tolist() == alone[0, -8:].tolist()
+
+
+def test_sampling_with_a_seed_is_reproducible(tiny_checkpoint):
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    prompt = torch.tensor([[0, 2, 3]])
+
+    def sample(seed: int) -> list[int]:
+        torch.manual_seed(seed)
+        return model.generate(prompt, max_new_tokens=20, do_sample=True, top_k=0, eos_token_id=None)[0].tolist()
+
+    assert sample(0) == sample(0)
+    assert sample(0) != sample(1)
+
+
+def test_save_pretrained_round_trips_to_a_checkpoint_the_zoo_loads(tiny_checkpoint, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    model.save_pretrained(tmp_path / "again")
+    back = zoo.load(tmp_path / "again")
+    assert back.config["model_type"] == "alstm_zoo" and back.config["name"] == "tiny-alstm"
+    for key, value in model.lm.state_dict().items():
+        assert torch.equal(back.lm.state_dict()[key], value), key
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+    text = "the cat sat"
+    assert again.zoo.score(text)[0]["nll"] == zoo.load(tiny_checkpoint).score(text)[0]["nll"]
+
+
+def test_old_checkpoints_without_model_type_load(tmp_path):
+    """Written before transformers' keys (and before tokenizer.json): recognised, the tokenizer made in memory."""
+    folder = FIXTURES / "old-checkpoint"
+    assert "model_type" not in json.loads((folder / "config.json").read_text())
+    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    ref = zoo.load(folder)
+    text = "the cat sat on the mat"
+    ids = tok("<eos>" + text + "\n", return_tensors="pt").input_ids
+    assert ids[0].tolist() == _zoo_ids(ref, text)
+    assert model(ids, labels=ids).loss.item() == pytest.approx(ref.score(text)[0]["avg_nll"], rel=1e-6)
+
+
+# -- refusals: the zoo's one-line errors ---------------------------------------------------------------------------
+def _refused(folder: Path, match: str) -> None:
+    for load in (AutoModelForCausalLM.from_pretrained, AlstmZooForCausalLM.from_pretrained):
+        with pytest.raises(CheckpointError, match=match) as err:
+            load(folder)
+        assert "\n" not in str(err.value)
+
+
+def test_corrupted_and_mismatched_checkpoints_are_refused(tiny_checkpoint, tmp_path):
+    broken = Path(shutil.copytree(tiny_checkpoint, tmp_path / "broken"))
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+    _refused(broken, "corrupt or truncated safetensors")
+
+    other = Path(shutil.copytree(tiny_checkpoint, tmp_path / "other"))
+    config = json.loads((other / "config.json").read_text())
+    config["model_args"]["arch_args"]["hidden_size"] = 16
+    (other / "config.json").write_text(json.dumps(config))
+    _refused(other, "has shape")
+
+
+def test_a_catalogue_name_keeps_its_sha256_pins():
+    model = AlstmZooForCausalLM.from_pretrained("alstm-ptb-5m")
+    assert model.zoo.source == "bundled" and model.zoo.pinned
+
+
+# -- the bundled models ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", BUNDLED)
+def test_every_bundled_model_loads_with_the_zoos_tokens_and_loss(name):
+    folder = bundled_dir() / name
+    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    ref = zoo.load(folder)
+    text = TEXT if not ref.tokenizer.is_char else TEXT[:60]
+    ids = tok("<eos>" + text + "\n", return_tensors="pt").input_ids
+    assert ids[0].tolist() == _zoo_ids(ref, text)
+    with torch.no_grad():
+        loss = model(ids, labels=ids).loss.item()
+    assert loss == pytest.approx(ref.score(text)[0]["avg_nll"], rel=1e-6)
+    # decoding is the zoo's (<eos> a line break): the zoo's text of the zoo's tokens
+    assert tok.decode(ids[0, 1:]) == ref.tokenizer.decode(ref.tokenizer.encode(text).ids)
+
+
+@pytest.mark.parametrize("name", ["alstm-ptb-5m", "hyperlstm-ptbchar-1.5m-long"])
+def test_generate_and_pipeline_give_zoo_generates_tokens(name):
+    folder = bundled_dir() / name
+    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    ref = zoo.load(folder)
+    prompt = "the stock market"
+    ids = tok("<eos>" + prompt, return_tensors="pt").input_ids
+    got = model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=None)[0, ids.shape[1]:].tolist()
+    assert got == ref.generate_ids(prompt, max_new_tokens=40, temperature=0)
+    # by default generation stops at <eos> (a line end), as the zoo's stop_at_eos
+    stop = model.generate(ids, max_new_tokens=40, do_sample=False)[0, ids.shape[1]:].tolist()
+    want = ref.generate_ids(prompt, max_new_tokens=40, temperature=0, stop_at_eos=True)
+    assert stop == want + ([tok.eos_token_id] if len(want) < 40 else [])
+
+    pipe = pipeline("text-generation", model=model, tokenizer=tok)
+    text = pipe("<eos>" + prompt, max_new_tokens=40, do_sample=False)[0]["generated_text"]
+    continuation = ref.generate(prompt, max_new_tokens=40, temperature=0, stop_at_eos=True)
+    assert text.replace(" ", "") == ("<eos>" + prompt + continuation).replace(" ", "")
+    by_path = pipeline("text-generation", model=str(folder))
+    assert by_path("<eos>" + prompt, max_new_tokens=40, do_sample=False)[0]["generated_text"] == text
+
+
+# -- packaging -------------------------------------------------------------------------------------------------------
+def _env(**extra: str) -> dict[str, str]:
+    """The suite's environment with this checkout first (and its lm_eval start-up hook before the venv's copy)."""
+    paths = [str(REPO / "zoo" / "tools" / "lm_eval_hook"), str(REPO), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join(p for p in paths if p), **extra)
+
+
+def test_import_zoo_does_not_import_transformers():
+    code = "import sys, zoo; print(sorted(m for m in ('transformers', 'tokenizers', 'zoo.hf') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_stock_lm_eval_hf_model_reproduces_the_zoos_word_perplexity(tmp_path):
+    """The harness's own ``lm_eval --model hf`` on the zoo's PTB task (a 12-line test split: about 300 tokens) finds
+    the zoo's classes through the start-up hook and gives the zoo's word perplexity of that text."""
+    name = "alstm-ptb-5m-light"
+    data = tmp_path / "data"
+    (data / "ptb").mkdir(parents=True)
+    real = zoo.data.resolve_data_dir() / "ptb"
+    for split in ("train", "valid"):
+        (data / "ptb" / f"{split}.txt").symlink_to(real / f"{split}.txt")
+    lines = (real / "test.txt").read_text(encoding="utf-8").splitlines(keepends=True)[:12]
+    (data / "ptb" / "test.txt").write_text("".join(lines), encoding="utf-8")
+    tasks_dir = subprocess.run([sys.executable, "-m", "zoo.lm_eval_plugin", "--tasks-dir"], capture_output=True,
+                               text=True, env=_env(), timeout=300, check=True).stdout.strip()
+    cmd = [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf", "--model_args",
+           f"pretrained={bundled_dir() / name}", "--tasks", "zoo_ptb_test", "--include_path", tasks_dir,
+           "--device", "cpu", "--batch_size", "1", "--metadata", json.dumps({"zoo_data_dir": str(data)}),
+           "--output_path", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = sorted(glob.glob(str(tmp_path / "out" / "**" / "results_*.json"), recursive=True))
+    got = json.loads(Path(files[-1]).read_text())["results"]["zoo_ptb_test"]["word_perplexity,none"]
+    whole = zoo.load(name).score("".join(lines)).corpus
+    print(f"lm_eval --model hf word_perplexity {got!r}; zoo {whole['ppl']!r} over {whole['num_tokens']} tokens")
+    assert whole["num_tokens"] < 400
+    assert got == pytest.approx(whole["ppl"], rel=1e-5)
+    assert math.isfinite(got)
