@@ -484,7 +484,7 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bo
 
     known = {fn.api_name for fn in demo.fns.values() if fn.api_name and getattr(fn, "api_visibility", "public")
              == "public"}
-    return demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=not block,
+    return demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=True,
                        css=CSS, show_error=True, footer_links=["api", "gradio"], max_threads=8,
                        allowed_paths=allowed, app_kwargs={"middleware": [Middleware(UnknownEndpoint, known=known)]})
 
@@ -537,6 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # two events may run at once on a two-core machine: one core each
+    print("app.py: loading the models ...", flush=True)
     try:
         demo = build_demo(model_dirs_from(args))
     except ValueError as e:
@@ -546,6 +547,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"app.py: error: port {args.port} on {args.host} is in use; pick another with --port N or "
               "GRADIO_SERVER_PORT=N (make demo PORT=N)", file=sys.stderr)
         return 2
+    # Gradio stays quiet (its share=True hint does not apply to a loopback demo): this line says where it is
+    print(f"app.py: serving the demo on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
     launch(demo, args.host, args.port, block=True)
     return 0
 

@@ -344,7 +344,7 @@ def test_python_app_py_honours_gradio_server_port(model_root):
     """`python app.py` as `make demo` runs it: serves on 127.0.0.1 at $GRADIO_SERVER_PORT, offline."""
     port = free_port()
     env = dict(os.environ, GRADIO_SERVER_PORT=str(port), ZOO_DEMO_MODELS=str(model_root),
-               GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
+               GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, str(REPO / "app.py")], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -360,10 +360,18 @@ def test_python_app_py_honours_gradio_server_port(model_root):
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            out = proc.communicate(timeout=15)[0].decode()
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=5)
+            out = proc.communicate(timeout=5)[0].decode()
+    # what `make demo` shows: our own progress and address, not Gradio's share=True hint
+    assert f"app.py: serving the demo on http://127.0.0.1:{port}" in out and "share=True" not in out, out
+
+
+def test_make_demo_says_what_each_step_does():
+    out = subprocess.run(["make", "-n", "-B", "demo"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
+    steps = [line for line in out.splitlines() if line.startswith('echo "zoo: ')]
+    assert len(steps) >= 5 and any("compiling the C++" in s and "minutes" in s for s in steps), out
 
 
 def test_make_demo_honours_gradio_server_port():
