@@ -56,6 +56,8 @@ from zoo.pretrained import ZooModel  # noqa: E402
 from zoo.registry import ARCHITECTURES  # noqa: E402
 from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request  # noqa: E402
 from zoo.tools.demo_render import (  # noqa: E402
+    DIFFERENCE_SCALE_BITS,
+    SURPRISAL_SCALE_BITS,
     _fmt,
     _summary_md,
     adaptation_figure,
@@ -287,7 +289,7 @@ def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
         for r in results:  # (loading refuses NaN/inf weights; finite ones can still overflow): say so
             if not all(math.isfinite(x) for x in r["surprisal_bits"]):
                 raise gr.Error(f"{r['model']} gives non-finite scores on this text (its logits overflow).")
-        vmax = max(1.0, math.ceil(max(max(r["surprisal_bits"], default=0.0) for r in results)))
+        vmax = max(SURPRISAL_SCALE_BITS[r["is_char"]] for r in results)  # fixed: the same colours on every run
         blocks, diff, diff_note = [], None, ""
         for tag, r in zip("AB", results, strict=False):
             cap = f"{tag}: {r['model']} — surprisal −log₂ p(token | context)" if len(results) > 1 \
@@ -299,7 +301,7 @@ def make_handlers(registry: ModelRegistry) -> dict[str, Any]:
             a, b = results
             if a["tokens"] == b["tokens"]:
                 diff = [x - y for x, y in zip(a["surprisal_bits"], b["surprisal_bits"], strict=True)]
-                dmax = max(0.5, max(abs(d) for d in diff))
+                dmax = DIFFERENCE_SCALE_BITS[a["is_char"]]
                 blocks.append(heatmap_html(a["tokens"], diff, is_char=a["is_char"], vmax=dmax, diverging=True,
                                            caption="A − B (red: A more surprised, blue: B more surprised)",
                                            elem_class="model-diff"))

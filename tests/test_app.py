@@ -141,6 +141,10 @@ def test_score_matches_library(served, model_root):
     assert res["surprisal_bits"] == pytest.approx([-t["logprob"] / math.log(2) for t in ref["tokens"]])
     assert heat.count('class="tok"') == ref["num_tokens"]
     assert "perplexity" in summary and f"{ref['ppl']:.2f}" in summary
+    # the colour scale is fixed and stated: the same on every run and every text
+    _, _, other = client.predict("the", "tiny-alstm", app.NONE_CHOICE, api_name="/score")
+    for h in (heat, other):
+        assert f"{app.SURPRISAL_SCALE_BITS[False]:.1f} bits</span>" in h
 
 
 def test_compare_two_models_per_token_difference(served, model_root):
@@ -153,6 +157,7 @@ def test_compare_two_models_per_token_difference(served, model_root):
     diff = report["difference_bits"]
     assert diff == pytest.approx([x - y for x, y in zip(a["surprisal_bits"], b["surprisal_bits"], strict=True)])
     assert "model-diff" in heat and heat.count('class="tok"') == 3 * a["num_tokens"]
+    assert f"+{app.DIFFERENCE_SCALE_BITS[False]:.1f} bits</span>" in heat
     assert "tiny-lstm" in summary and "A − B" in summary
 
 
