@@ -104,6 +104,8 @@ CSS = """
 .zoo-pair > div {min-width: 0;}
 .zoo-legend {display: flex; align-items: center; gap: 8px; font-size: 12px; margin: 6px 0 12px 0;}
 .zoo-legend .bar {width: 220px; height: 12px; border: 1px solid #999; border-radius: 2px;}
+#models-card table {display: block; overflow-x: auto;}
+#models-card th {white-space: nowrap; word-break: normal;}
 """
 
 
@@ -409,8 +411,10 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
                 s_html = gr.HTML(elem_id="score-heatmap")
                 with gr.Accordion("Raw report (JSON)", open=False):
                     s_json = gr.JSON(label="report")
-                s_btn.click(h["score"], [s_text, s_model, s_cmp, s_dyn], [s_json, s_sum, s_html], api_name="score",
-                            **cpu)
+                # the last result is cleared first, so that an error is never shown above a result it did not give
+                s_btn.click(lambda: (None, "", ""), None, [s_json, s_sum, s_html], queue=False,
+                            api_visibility="private").then(h["score"], [s_text, s_model, s_cmp, s_dyn],
+                                                           [s_json, s_sum, s_html], api_name="score", **cpu)
 
             with gr.Tab("Generate", id="generate"):
                 g_prompt = gr.Textbox(label="Prompt", lines=2, value="the stock market", elem_id="gen-prompt")
@@ -441,7 +445,7 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = ()) -> gr.Blocks:
                             "as in the weight-change figure of the HyperNetworks paper.")
                 gr.Markdown(ADAPTATION_LEGEND, elem_id="adapt-legend")
                 a_text = gr.Textbox(label="Text", lines=4, value=EXAMPLE, elem_id="adapt-text-in")
-                a_model = gr.Dropdown(names, value=default if default in adaptive else (adaptive or [None])[0],
+                a_model = gr.Dropdown(adaptive, value=default if default in adaptive else (adaptive or [None])[0],
                                       label="Model", allow_custom_value=True, elem_id="adapt-model")
                 a_btn = gr.Button("Trace the adaptation", variant="primary", elem_id="adapt-btn")
                 a_msg = gr.Markdown()

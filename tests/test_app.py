@@ -373,6 +373,14 @@ def test_python_app_py_honours_gradio_server_port(model_root):
     assert f"app.py: serving the demo on http://127.0.0.1:{port}" in out and "share=True" not in out, out
 
 
+def test_adaptation_tab_offers_adaptive_models_only(model_root):
+    demo = app.build_demo([str(model_root)])
+    (drop,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "adapt-model"]
+    offered = {value for _, value in drop.choices}
+    assert "tiny-alstm" in offered and "tiny-lstm" not in offered
+    assert all(demo.zoo_registry.has_adaptation(n) for n in offered)
+
+
 def test_make_demo_says_what_each_step_does():
     out = subprocess.run(["make", "-n", "-B", "demo"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
     steps = [line for line in out.splitlines() if line.startswith('echo "zoo: ')]
