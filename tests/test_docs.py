@@ -65,7 +65,7 @@ def test_code_blocks_run_as_written(page, tmp_path):
     found = [b for b in blocks(page) if b["lang"] in RUNNABLE]
     run = [b for b in found if not b["skip"]]
     if not run:
-        pytest.skip(f"{page}: every block is marked skip, each with its reason")
+        pytest.skip(f"{page}: no python or bash block to run (any there is marked skip, with its reason)")
     py = [(b["line"], b["body"]) for b in run if b["lang"] == "python"]
     if py:
         proc = subprocess.run([sys.executable, "-c", CONSOLE], input=json.dumps(py), capture_output=True, text=True,
