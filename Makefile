@@ -21,7 +21,7 @@ CHECKOUT_STAMP := $(VENV)/.checkout-stamp
 HOOK_FILES := zoo/tools/lm_eval_hook/alstm_zoo_lm_eval_hook.py zoo/tools/lm_eval_hook/alstm_zoo_lm_eval_hook.pth
 DATA_DIR ?= $(abspath ../shared/data)
 
-.PHONY: demo test venv system-deps olah lint bench clean help
+.PHONY: demo test venv system-deps olah lint bench clean help docs
 
 help:
 	@echo "make demo   - create .venv, install, start the Gradio demo on 127.0.0.1:$(PORT) (offline)"
@@ -30,16 +30,22 @@ help:
 	@echo "make system-deps - Java 17, HAProxy and Chromium from Debian where missing (TorchServe, its front door, the browser test)"
 	@echo "make olah   - the local Hub mirror's own venv (.venv-olah) for the Hub tests"
 	@echo "make lint   - ruff"
+	@echo "make docs   - build the docs site into site/ (mkdocs build --strict: every link and anchor checked)"
 	@echo "make bench  - the inference benchmarks (cells, precision, backends, int8, serving; writes benchmarks/results/*.json);"
 	@echo "              the others (training speed, dynamic evaluation, card reproduction, ...) run one by one: benchmarks/*.py"
 	@echo "make clean  - remove .venv, .venv-olah and .pytest_cache"
 
+# Each step says what it does before it starts (pip -q is silent for a minute at a time).
 $(STAMP): pyproject.toml
+	@echo "zoo: [1/4] creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'  # the tests build the wheel without isolation (pyproject's PEP 639 licence)
 	echo "$(TORCH_PIN)" > $(CONSTRAINTS)
+	@echo "zoo: [2/4] installing $(TORCH_PIN) (the CPU build)"
 	$(PY) -m pip install -q -c $(CONSTRAINTS) $(TORCH_PIN)
+	@echo "zoo: [3/4] installing the zoo and its extras (editable; a minute or more, silent)"
 	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[all]'
+	@echo "zoo: [4/4] compiling the C++ inference loops (once; usually 1 to 4 minutes each)"
 	$(VENV)/bin/zoo build-ext || echo "(the C++ inference loops did not build: the Python loops will be used)"
 	touch $(STAMP)
 
@@ -74,10 +80,14 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
 
 demo: venv
+	@echo "zoo: starting the demo on http://127.0.0.1:$(PORT) (loading the bundled models first)"
 	GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 $(PY) app.py --port $(PORT)
 
 test: venv olah system-deps
 	$(PY) -m pytest -q --durations=25
+
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -91,4 +101,4 @@ bench: venv
 	$(PY) benchmarks/serving.py
 
 clean:
-	rm -rf $(VENV) $(OLAH_VENV) .pytest_cache
+	rm -rf $(VENV) $(OLAH_VENV) .pytest_cache site

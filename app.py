@@ -58,6 +58,8 @@ from zoo.registry import ARCHITECTURES  # noqa: E402
 from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request  # noqa: E402
 from zoo.tools.demo_guard import GuardRoutes  # noqa: E402
 from zoo.tools.demo_render import (  # noqa: E402
+    DIFFERENCE_SCALE_BITS,
+    SURPRISAL_SCALE_BITS,
     _fmt,
     _summary_md,
     adaptation_figure,
@@ -113,6 +115,8 @@ CSS = """
 .zoo-pair > div {min-width: 0;}
 .zoo-legend {display: flex; align-items: center; gap: 8px; font-size: 12px; margin: 6px 0 12px 0;}
 .zoo-legend .bar {width: 220px; height: 12px; border: 1px solid #999; border-radius: 2px;}
+#models-card table {display: block; overflow-x: auto;}
+#models-card th {white-space: nowrap; word-break: normal;}
 """
 
 
@@ -325,7 +329,7 @@ def make_handlers(registry: ModelRegistry, stats: DynamicStats | None = None) ->
         for r in results:  # (loading refuses NaN/inf weights; finite ones can still overflow): say so
             if not all(math.isfinite(x) for x in r["surprisal_bits"]):
                 raise gr.Error(f"{r['model']} gives non-finite scores on this text (its logits overflow).")
-        vmax = max(1.0, math.ceil(max(max(r["surprisal_bits"], default=0.0) for r in results)))
+        vmax = max(SURPRISAL_SCALE_BITS[r["is_char"]] for r in results)  # fixed: the same colours on every run
         blocks, diff, diff_note = [], None, ""
         for tag, r in zip("AB", results, strict=False):
             cap = f"{tag}: {r['model']} — surprisal −log₂ p(token | context)" if len(results) > 1 \
@@ -337,7 +341,7 @@ def make_handlers(registry: ModelRegistry, stats: DynamicStats | None = None) ->
             a, b = results
             if a["tokens"] == b["tokens"]:
                 diff = [x - y for x, y in zip(a["surprisal_bits"], b["surprisal_bits"], strict=True)]
-                dmax = max(0.5, max(abs(d) for d in diff))
+                dmax = DIFFERENCE_SCALE_BITS[a["is_char"]]
                 blocks.append(heatmap_html(a["tokens"], diff, is_char=a["is_char"], vmax=dmax, diverging=True,
                                            caption="A − B (red: A more surprised, blue: B more surprised)",
                                            elem_class="model-diff"))
@@ -448,12 +452,15 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = (), device: str = "cpu"
                 s_html = gr.HTML(elem_id="score-heatmap")
                 with gr.Accordion("Raw report (JSON)", open=False):
                     s_json = gr.JSON(label="report")
-                s_btn.click(h["score"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html], api_name="score",
-                            api_description="Score a text: per-token log-probabilities, perplexity, bit rates. "
-                                            + OPENAI_SERVER, **cpu)
-                s_dyn.click(h["score_dynamic"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html],
-                            api_name="score_dynamic", concurrency_limit=DYNAMIC_CONCURRENCY,
-                            concurrency_id="dynamic", show_progress="full")
+                # the last result is cleared first, so that an error is never shown above a result it did not give
+                clear = {"fn": lambda: (None, "", ""), "inputs": None, "outputs": [s_json, s_sum, s_html],
+                         "queue": False, "api_visibility": "private"}
+                s_btn.click(**clear).then(h["score"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html],
+                                          api_name="score", api_description="Score a text: per-token "
+                                          "log-probabilities, perplexity, bit rates. " + OPENAI_SERVER, **cpu)
+                s_dyn.click(**clear).then(h["score_dynamic"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html],
+                                          api_name="score_dynamic", concurrency_limit=DYNAMIC_CONCURRENCY,
+                                          concurrency_id="dynamic", show_progress="full")
 
             with gr.Tab("Generate", id="generate"):
                 g_prompt = gr.Textbox(label="Prompt", lines=2, value="the stock market", elem_id="gen-prompt")
@@ -485,7 +492,7 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = (), device: str = "cpu"
                             "as in the weight-change figure of the HyperNetworks paper.")
                 gr.Markdown(ADAPTATION_LEGEND, elem_id="adapt-legend")
                 a_text = gr.Textbox(label="Text", lines=4, value=EXAMPLE, elem_id="adapt-text-in")
-                a_model = gr.Dropdown(names, value=default if default in adaptive else (adaptive or [None])[0],
+                a_model = gr.Dropdown(adaptive, value=default if default in adaptive else (adaptive or [None])[0],
                                       label="Model", allow_custom_value=True, elem_id="adapt-model")
                 a_btn = gr.Button("Trace the adaptation", variant="primary", elem_id="adapt-btn")
                 a_msg = gr.Markdown()
@@ -532,7 +539,7 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bo
 
     known = {fn.api_name for fn in demo.fns.values() if fn.api_name and getattr(fn, "api_visibility", "public")
              == "public"}
-    return demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=not block,
+    return demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=True,
                        css=CSS, show_error=True, footer_links=["api", "gradio"], max_threads=8,
                        allowed_paths=allowed,
                        app_kwargs={"middleware": [Middleware(GuardRoutes, demo=demo, known=known)]})
@@ -566,6 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)  # two events may run at once on a two-core machine: one core each
+    print("app.py: loading the models ...", flush=True)
     try:
         device = str(resolve_device(args.device, "--device"))  # a device this machine lacks: one line, exit 2
         demo = build_demo(model_dirs_from(args), device)
@@ -576,6 +584,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"app.py: error: port {args.port} on {args.host} is in use; pick another with --port N or "
               "GRADIO_SERVER_PORT=N (make demo PORT=N)", file=sys.stderr)
         return 2
+    # Gradio stays quiet (its share=True hint does not apply to a loopback demo): this line says where it is
+    print(f"app.py: serving the demo on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
     launch(demo, args.host, args.port, block=True)
     return 0
 

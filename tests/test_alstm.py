@@ -305,3 +305,29 @@ def test_float32_step_matches_forward() -> None:
     for t in range(T):
         y, s = m.step(x[:, t], s)
         torch.testing.assert_close(y, out[:, t], atol=1e-6, rtol=0)
+
+
+def reference_chunk_rows(sizes: tuple[int, ...]) -> set[int]:
+    """The rows of W_pi the reference code's ``utils.chunk`` reads: slice k starts at the size of slice k-1 (not at
+    the running offset, as consecutive slices would)."""
+    rows: set[int] = set()
+    for k, size in enumerate(sizes):
+        start = sizes[k - 1] if k else 0
+        rows.update(range(start, start + size))
+    return rows
+
+
+def test_reference_code_slicing_leaves_930k_parameters_unread():
+    """The number zoo/models/alstm.py's docstring states, from the paper model's own slice sizes."""
+    from zoo.registry import build_stack
+
+    stack = build_stack("alstm", 400, 400, hidden_size=1150, num_layers=2, adapt_size=100, adaptation_model="lstm_rhn",
+                        policy="io", layer0_wraparound=True)
+    unread = 0
+    for layer in stack.layers:
+        total, n_z = layer.project.weight.shape
+        assert total == sum(layer.pi_sizes) and layer.project.bias is None
+        unread += (total - len(reference_chunk_rows(layer.pi_sizes))) * n_z
+        # the zoo's own slices are consecutive and cover every row exactly once
+        assert [t.shape[1] for t in layer.policy(torch.zeros(1, n_z))] == list(layer.pi_sizes)
+    assert unread == 930_000

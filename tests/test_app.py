@@ -145,6 +145,10 @@ def test_score_matches_library(served, model_root):
     assert res["surprisal_bits"] == pytest.approx([-t["logprob"] / math.log(2) for t in ref["tokens"]])
     assert heat.count('class="tok"') == ref["num_tokens"]
     assert "perplexity" in summary and f"{ref['ppl']:.2f}" in summary
+    # the colour scale is fixed and stated: the same on every run and every text
+    _, _, other = client.predict("the", "tiny-alstm", app.NONE_CHOICE, api_name="/score")
+    for h in (heat, other):
+        assert f"{app.SURPRISAL_SCALE_BITS[False]:.1f} bits</span>" in h
 
 
 def test_compare_two_models_per_token_difference(served, model_root):
@@ -157,6 +161,7 @@ def test_compare_two_models_per_token_difference(served, model_root):
     diff = report["difference_bits"]
     assert diff == pytest.approx([x - y for x, y in zip(a["surprisal_bits"], b["surprisal_bits"], strict=True)])
     assert "model-diff" in heat and heat.count('class="tok"') == 3 * a["num_tokens"]
+    assert f"+{app.DIFFERENCE_SCALE_BITS[False]:.1f} bits</span>" in heat
     assert "tiny-lstm" in summary and "A − B" in summary
 
 
@@ -350,7 +355,7 @@ def test_python_app_py_honours_gradio_server_port(model_root):
     """`python app.py` as `make demo` runs it: serves on 127.0.0.1 at $GRADIO_SERVER_PORT, offline."""
     port = free_port()
     env = dict(os.environ, GRADIO_SERVER_PORT=str(port), ZOO_DEMO_MODELS=str(model_root),
-               GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
+               GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, str(REPO / "app.py")], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -366,10 +371,26 @@ def test_python_app_py_honours_gradio_server_port(model_root):
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            out = proc.communicate(timeout=15)[0].decode()
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=5)
+            out = proc.communicate(timeout=5)[0].decode()
+    # what `make demo` shows: our own progress and address, not Gradio's share=True hint
+    assert f"app.py: serving the demo on http://127.0.0.1:{port}" in out and "share=True" not in out, out
+
+
+def test_adaptation_tab_offers_adaptive_models_only(model_root):
+    demo = app.build_demo([str(model_root)])
+    (drop,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "adapt-model"]
+    offered = {value for _, value in drop.choices}
+    assert "tiny-alstm" in offered and "tiny-lstm" not in offered
+    assert all(demo.zoo_registry.has_adaptation(n) for n in offered)
+
+
+def test_make_demo_says_what_each_step_does():
+    out = subprocess.run(["make", "-n", "-B", "demo"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
+    steps = [line for line in out.splitlines() if line.startswith('echo "zoo: ')]
+    assert len(steps) >= 5 and any("compiling the C++" in s and "minutes" in s for s in steps), out
 
 
 def test_make_demo_honours_gradio_server_port():

@@ -43,6 +43,11 @@ def test_score_json_fields(capsys, tiny_checkpoint):
     assert lines[0]["num_tokens"] == 4
 
 
+def test_score_tokens_names_its_unit(capsys, tiny_checkpoint):
+    code, out, _ = run(capsys, "score", str(tiny_checkpoint), "--text", "the cat sat", "--tokens")
+    assert code == 0 and "log-prob (nats)" in out and "nll" in out and "nats" in out.splitlines()[0]
+
+
 def test_score_file_per_line_and_stdin(capsys, tiny_checkpoint, tmp_path):
     f = tmp_path / "t.txt"
     f.write_text("the cat\n\na dog ran\n")

@@ -255,8 +255,9 @@ def test_offline_with_empty_cache_and_no_bundled_copy_says_how_to_get_it(env, ca
     assert code == 2 and err.count("\n") == 1
     assert "has no bundled copy and is not in the Hub cache" in err
     assert "unset HF_HUB_OFFLINE and run `zoo download tiny-zoo`" in err
+    assert "load a checkpoint folder you already have" in err  # the route that needs no Hub
     code, _, err = run_main(capsys, "download", "tiny-zoo")
-    assert code == 2 and "HF_HUB_OFFLINE is set" in err
+    assert code == 2 and "HF_HUB_OFFLINE is set" in err and "zoo.load('path/to/folder')" in err
 
 
 def test_resolution_order(env, pkg, monkeypatch):

@@ -177,6 +177,41 @@ def test_wikitext_corpus_splits_encode_to_themselves(wiki):
     assert wiki.encode("his 1,000th game").tokens[:2] == ["his", "1,000th"]
 
 
+def test_char_corpus_splits_read_as_text_encode_to_themselves(char):
+    """Every line of every PTB-char split, written back as text (``_`` -> space), encodes to the corpus's own
+    symbols: digits inside PTB words (``500-stock``, ``1980s``) are kept as the corpus keeps them, numbers become
+    ``N``, so scoring the test split as text gives the corpus stream's bits per character."""
+    from zoo.data import corpus_files
+
+    for split, path in corpus_files("ptb-char").items():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            text = "".join(line.split()).replace("_", " ")
+            enc = char.encode(text)
+            assert enc.tokens == line.split() + ["<eos>"] and not enc.dropped, (split, line)
+    assert "".join(char.encode("the 500-stock index rose 3.5% in the 1980s.").tokens) == \
+        "the_500-stock_index_rose_N_N_in_the_1980s<eos>"
+
+
+def test_ptb_kept_words_are_the_vocabulary_words_the_rules_would_cut(monkeypatch):
+    import zoo.tokenizer as T
+
+    vocab = load_corpus("ptb-char").vocab
+    words = [w for w in load_corpus("ptb").vocab if w not in ("<unk>", "<eos>", "N")]
+    assert all(list(w) == Tokenizer(vocab, "ptb-char").line_tokens(w) for w in words)
+    monkeypatch.setattr(T, "PTB_KEPT_WORDS", frozenset())
+    cut = {w for w in words if Tokenizer(vocab, "ptb-char").line_tokens(w) != list(w)}
+    monkeypatch.undo()
+    assert cut == T.PTB_KEPT_WORDS
+
+
+def test_initials_with_periods_find_the_bare_word(ptb):
+    """``I.B.M.`` is read as ``ibm`` where the vocabulary has only that form; ``U.S.``, which it has, stays."""
+    assert "ibm" in ptb.index and "i.b.m." not in ptb.index
+    assert ptb.encode("I.B.M. and IBM rose. U.S. stocks").tokens == ["ibm", "and", "ibm", "rose", "u.s.", "stocks",
+                                                                      "<eos>"]
+    assert ptb.encode("X.Y.Z. said").tokens == ["<unk>", "said", "<eos>"]
+
+
 def test_a_vocabulary_without_unk_drops_what_it_cannot_spell():
     """A checkpoint's vocabulary that has no <unk> (or, for characters, not its five letters) cannot score an
     unknown symbol: it is listed as dropped, not a KeyError / TypeError in the middle of scoring."""

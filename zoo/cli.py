@@ -227,8 +227,9 @@ def cmd_score(args: argparse.Namespace) -> int:
         for w in res.get("warnings", []):
             print(f"  warning: {w}")
         if args.tokens:
+            print(f"  {'token':>16s}  {'log-prob (nats)':>15s}")
             for tok in res["tokens"]:
-                print(f"  {tok['token']:>16s}  {tok['logprob']:9.4f}")
+                print(f"  {tok['token']:>16s}  {tok['logprob']:15.4f}")
     if len(report) > 1:
         c = report.corpus
         print(f"all {c['num_texts']} texts: ppl {c['ppl']:.3f}  tokens {c['num_tokens']}  <unk> {c['num_unk']}")

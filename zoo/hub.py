@@ -47,9 +47,14 @@ from zoo.errors import ConfigError, HubError, IntegrityError, ModelNotFoundError
 SOURCES = ("auto", "hub", "bundled")
 EXPORT_FOLDERS = ("onnx", "torchscript")
 _TRUE = {"1", "true", "yes", "on"}
+#: What every offline refusal adds: a checkpoint folder loads with no Hub at all.
+FOLDER_ROUTE = ("; or load a checkpoint folder you already have (config.json, model.safetensors, vocab.json): "
+                "`zoo.load('path/to/folder')` or `zoo score path/to/folder ...`")
 
 
 # -- settings, read at call time (huggingface_hub reads its environment once, at import) ----------------------
+
+
 def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
 
@@ -185,7 +190,7 @@ def _snapshot(repo_id: str, revision: str | None, patterns: list[str], cache: Pa
         raise HubError(f"repository {repo_id} (revision {revision or 'main'}) not found at {endpoint}, or not "
                        "readable with your token (set HF_TOKEN for a private repository)") from None
     except OfflineModeIsEnabled:
-        raise HubError(f"{where} is not in the Hub cache and HF_HUB_OFFLINE is set") from None
+        raise HubError(f"{where} is not in the Hub cache and HF_HUB_OFFLINE is set{FOLDER_ROUTE}") from None
     except LocalEntryNotFoundError as e:
         raise HubError(f"cannot reach the Hub at {endpoint} ({_reason(e)}) and {where} is not in the cache; check "
                        "the network or HF_ENDPOINT") from None
@@ -216,7 +221,7 @@ def download(name: str, revision: str | None = None, *, cache_dir: str | os.Path
         hint = (f"; it is bundled with this checkout ({bundled}), so `zoo.load({rel.name!r})` works offline "
                 "without downloading") if (bundled / "config.json").is_file() else ""
         raise HubError(f"{rel.name} ({where}) is not in the Hub cache ({cache}) and HF_HUB_OFFLINE is set: "
-                       f"run `zoo download {rel.name}` with network access{hint}")
+                       f"run `zoo download {rel.name}` with network access{hint}{FOLDER_ROUTE}")
     folder = _snapshot(rel.repo_id, rel.revision, sorted(rel.files), cache, ep, token, force)
     try:
         verify_files(folder, rel, f"{where} at {ep}")
@@ -302,7 +307,8 @@ def download_repo(repo_id: str, revision: str | None = None, *, cache_dir: str |
             raise LocalEntryNotFoundError("incomplete snapshot")
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError):
         if is_offline():
-            raise HubError(f"{where} is not in the Hub cache ({cache}) and HF_HUB_OFFLINE is set") from None
+            raise HubError(f"{where} is not in the Hub cache ({cache}) and HF_HUB_OFFLINE is set"
+                           f"{FOLDER_ROUTE}") from None
         source = "hub download (unpinned)"
         folder = _snapshot(repo_id, revision, list(REPO_FILES), cache, ep, token)
     missing = [f for f in CHECKPOINT_FILES if not (folder / f).is_file()]
@@ -374,9 +380,9 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None, source
         elif explicit:
             raise HubError(f"{name} ({rel.repo_id}@{rel.revision}) is not in the Hub cache "
                            f"({hub_cache_dir(cache_dir)}) and HF_HUB_OFFLINE is set: run `zoo download {name}` "
-                           "with network access")
+                           f"with network access{FOLDER_ROUTE}")
     if bundled.is_dir():
         return bundled, "bundled"
     raise ModelNotFoundError(f"model {name!r} has no bundled copy and is not in the Hub cache "
                              f"({hub_cache_dir(cache_dir)}): unset HF_HUB_OFFLINE and run `zoo download {name}` "
-                             f"to fetch {rel.repo_id}@{rel.revision}")
+                             f"to fetch {rel.repo_id}@{rel.revision}{FOLDER_ROUTE}")

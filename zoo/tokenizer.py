@@ -46,6 +46,19 @@ PTB_ABBREVIATIONS = frozenset((
     "gen gov h i ill inc ind j jan jr k kan ky l ltd m mass md messrs mich minn mo mr mrs ms n neb nev no "
     "nov o oct okla ore p pa prof r rep rev s sen sens sept sr st t tenn v va vs w wash wis"
 ).split())
+#: The PTB vocabulary's words that the rules below would cut or change (computed from ``ptb/train.txt``'s vocabulary,
+#: and tested to be exactly those): Mikolov's preprocessing turned numbers into ``N`` but kept these words, and the
+#: PTB-char corpus spells them out as they are (``1980s``, ``500-stock``, ``us$``, ``mgm\\/ua``), so a character
+#: model keeps them whole too: every line of every PTB-char split, read as text, encodes to itself (tested).
+PTB_KEPT_WORDS = frozenset((
+    "'80s 10-year 100-share 12-month 12-year 13-week 13th 14-year-old 190-point 190.58-point 1920s 1930s 1950s "
+    "1960s 1970s 1980s 1990s 19th 1\\/2-year 2-for-1 20-year 20th 24-hour 26-week 30-day 30-share 30-year "
+    "300-a-share 300-day 40-year-old 45-year-old 500-stock 52-week \\* \\*\\* a$ c$ calif.-based cities\\/abc "
+    "d'arcy hk$ m$ mgm\\/ua o'brien o'connell o'kicki property\\/casualty u.s.-soviet us$"
+).split())
+#: Initials written with periods (``I.B.M.``): a word model whose vocabulary has only the bare form (``ibm``) reads
+#: them as that word.
+_INITIALS = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]\.?")
 _NUMBER = re.compile(r"^[+\-]?(\d[\d,./\-]*)(s|th|st|nd|rd)?$")
 _WIKI_CLITIC = re.compile(r"(\w)('(?:s|t|re|ve|ll|d|m))\b")
 _WIKI_TOKEN = re.compile(r"\w+|@[-,.]@|[^\w\s]")
@@ -143,6 +156,11 @@ class Tokenizer:
                 if not self.is_char and proc[a:b] in self.index:  # a chunk the vocabulary knows stays whole
                     out.append((proc[a:b], line[a:b]))
                     continue
+                if self.is_char:  # a PTB word the rules would cut stays whole, as the character corpus spells it
+                    core = proc[a:b].rstrip(".,;:!?\"')")
+                    if core in PTB_KEPT_WORDS:
+                        out.append((core, line[a:a + len(core)]))
+                        a += len(core)
                 for t in _PTB_TOKEN.finditer(proc, a, b):
                     out.extend(self._ptb_symbol(t[0], line[t.start():t.end()]))
         return out
@@ -153,6 +171,9 @@ class Tokenizer:
             return [(tok, raw)]
         if tok == "%" or _NUMBER.match(tok):
             return [("N", raw)]
+        if not self.is_char and tok not in self.index and _INITIALS.fullmatch(tok) \
+                and tok.replace(".", "") in self.index:  # "i.b.m." -> "ibm"
+            return [(tok.replace(".", ""), raw)]
         if tok in ("$", "&") or tok[0].isalnum() or tok.startswith("'") or tok == "n't":
             if tok.endswith(".") and len(tok) > 1:
                 keep = "." in tok[:-1] or tok[:-1] in PTB_ABBREVIATIONS if self.is_char else tok in self.index

@@ -151,7 +151,8 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
             _ninja_on_path()
             build_dir.mkdir(parents=True, exist_ok=True)
             if before is None and not verbose:
-                print(f"zoo: compiling the C++ extension {name!r} (once; cached in {build_dir})",
+                print(f"zoo: compiling the C++ extension {name!r} (once, usually 1 to 4 minutes; cached in "
+                      f"{build_dir})",
                       file=sys.stderr)
             with _build_lock(build_dir):
                 mod = _import_built(build_dir, module_name) or cpp_extension.load(

@@ -1,22 +1,28 @@
-"""Regenerate the READMEs' generated sections from the catalogue and the benchmark results.
+"""Regenerate the generated parts of the README, the docs site and the other READMEs from the catalogue and the
+benchmark results.
 
-The READMEs' numbers must come from files the evaluation and benchmark code wrote, so the sections
-between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` are produced here, never edited by hand:
+Every number in the docs must come from a file the evaluation and benchmark code wrote, so the sections between
+``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` (``# NAME:start`` / ``# NAME:end`` in ``mkdocs.yml``) and the
+model-card pages are produced here, never edited by hand:
 
-* ``README.md``:
-  * ``models-table``: from ``zoo/catalog.json`` (itself written by ``zoo bundle`` from each run's eval.json),
-    the tier comparisons ``python -m zoo.tools.tiers`` wrote to ``model_cards/tiers/*.md``, and the training-curve
-    figures under ``model_cards/``;
-  * ``benchmarks``: the markdown tables each benchmark wrote next to its JSON in ``benchmarks/results/``;
-  * ``lm-eval-agreement``: ``benchmarks/results/lm_eval_agreement.md`` (the harness against ``zoo eval``);
+* ``README.md``: ``best-models``, the best bundled model of each dataset (from ``zoo/catalog.json``);
+* ``docs/results/models.md``: ``models-table``, every bundled model (the catalogue, itself written by ``zoo bundle``
+  from each run's eval.json);
+* ``docs/results/tiers.md``: ``tiers``, the comparisons ``python -m zoo.tools.tiers`` wrote to
+  ``model_cards/tiers/*.md``, the runs kept as records and the training-curve figures under ``model_cards/``;
+* ``docs/results/benchmarks.md``: ``benchmarks``, the markdown tables each benchmark wrote next to its JSON in
+  ``benchmarks/results/``;
+* ``docs/guides/lm-eval.md``: ``lm-eval-agreement``, ``benchmarks/results/lm_eval_agreement.md``;
+* ``docs/results/cards/NAME.md``: one page per card in ``model_cards/`` (the card itself is included when the site
+  is built, see ``zoo/tools/mkdocs_hooks.py``), and their entries in ``mkdocs.yml``'s navigation (``cards``);
 * ``exports/README.md``: ``quantization`` and ``backends-table``, from ``benchmarks/results/quantization.md``
   and ``backends.md``;
 * ``serving/README.md``: ``serving-benchmark``, from ``benchmarks/results/serving.md``.
 
 The benchmark scripts write those ``.md`` files and then call :func:`main` themselves.
 
-    python -m zoo.tools.readme          # rewrite the READMEs
-    python -m zoo.tools.readme --check  # exit 1 if a README is out of date (used by the tests)
+    python -m zoo.tools.readme          # rewrite them
+    python -m zoo.tools.readme --check  # exit 1 if one is out of date (used by the tests)
 """
 
 from __future__ import annotations
@@ -67,7 +73,34 @@ def tier_reports(repo: Path = REPO) -> list[Path]:
 def models_section(repo: Path = REPO) -> str:
     from zoo.tools.cards import dynamic_results, models_table_markdown
 
-    parts = [models_table_markdown(dynamic=dynamic_results(repo / RESULTS)).strip()]
+    return models_table_markdown(dynamic=dynamic_results(repo / RESULTS)).strip()
+
+
+def best_models_section(repo: Path = REPO) -> str:
+    """The README's short table: per dataset (and training mode), the bundled model with the lowest test number,
+    beside the published number its card compares with."""
+    from zoo.pretrained import catalog
+    from zoo.tools.cards import has_numbers
+
+    best: dict[str, tuple[str, dict]] = {}
+    for name, m in sorted(catalog().get("models", {}).items()):
+        data = m.get("dataset", "") + (", single sentences" if m.get("training", {}).get("mode") == "sentences" else "")
+        if data not in best or m["metrics"]["test"] < best[data][1]["metrics"]["test"]:
+            best[data] = (name, m)
+    rows = ["| data | best model | architecture | params | test | paper (its model) | card |",
+            "|---|---|---|---:|---:|---|---|"]
+    for data, (name, m) in sorted(best.items()):
+        met, ref = m["metrics"], m.get("reference") or {}
+        digits, unit = (3, "bpc") if met["metric"] == "bits_per_char" else (2, "ppl")
+        paper = f"{ref['test']:.{digits}f} ({ref.get('source', '').split(':')[0]})" if has_numbers(ref) else "none"
+        rows.append(f"| {data} | `{name}` | {m['architecture']} | {m['num_parameters'] / 1e6:.2f}M | "
+                    f"{met['test']:.{digits}f} {unit} | {paper} | [card](model_cards/{name}.md) |")
+    return "\n".join(rows)
+
+
+def tiers_section(repo: Path = REPO) -> str:
+    """Every tier report, the runs kept as records, and every training curve (images relative to the page)."""
+    parts = []
     for tier in tier_reports(repo):
         parts.append(f"{tier.read_text(encoding='utf-8').strip()}\n\n_Source: `model_cards/tiers/{tier.stem}.json`._")
     records = unbundled_runs_table(repo)
@@ -75,7 +108,7 @@ def models_section(repo: Path = REPO) -> str:
         parts.append(records)
     curves = sorted((repo / "model_cards").glob("*curve*.png"))
     for png in curves:
-        parts.append(f"![{png.stem}](model_cards/{png.name})")
+        parts.append(f"![{png.stem}](../../model_cards/{png.name})")
     return "\n\n".join(parts)
 
 
@@ -143,13 +176,39 @@ def _result(name: str) -> Callable[[Path], str]:
     return lambda repo: result_section(name, repo)
 
 
-#: Each generated README (relative to the repository) -> its sections -> how to make a section's body.
+def card_names(repo: Path = REPO) -> list[str]:
+    """Every model card in ``model_cards/`` (bundled models and retired ones kept as records)."""
+    return sorted(p.stem for p in (repo / "model_cards").glob("*.md"))
+
+
+def card_page(name: str) -> str:
+    """The docs page of one card: the card itself is included when the site is built, so it is written once."""
+    return (f"<!-- generated by `python -m zoo.tools.readme` from model_cards/{name}.md: do not edit -->\n"
+            f"<!-- include: model_cards/{name}.md -->\n")
+
+
+def cards_nav(repo: Path = REPO) -> str:
+    """``mkdocs.yml``'s navigation entries of the card pages (every page must be in the navigation)."""
+    return "\n".join(f"          - {name}: results/cards/{name}.md" for name in card_names(repo))
+
+
+#: Each generated file (relative to the repository) -> its sections -> how to make a section's body.
 READMES: dict[str, dict[str, Callable[[Path], str]]] = {
-    "README.md": {"models-table": models_section, "benchmarks": benchmarks_section,
-                  "lm-eval-agreement": _result("lm_eval_agreement")},
+    "README.md": {"best-models": best_models_section},
+    "docs/results/models.md": {"models-table": models_section},
+    "docs/results/tiers.md": {"tiers": tiers_section},
+    "docs/results/benchmarks.md": {"benchmarks": benchmarks_section},
+    "docs/guides/lm-eval.md": {"lm-eval-agreement": _result("lm_eval_agreement")},
+    "mkdocs.yml": {"cards": cards_nav},
     "exports/README.md": {"quantization": _result("quantization"), "backends-table": _result("backends")},
     "serving/README.md": {"serving-benchmark": _result("serving")},
 }
+CARDS_DIR = Path("docs") / "results" / "cards"
+
+
+def whole_files(repo: Path = REPO) -> dict[str, str]:
+    """Files generated whole: one docs page per model card."""
+    return {(CARDS_DIR / f"{name}.md").as_posix(): card_page(name) for name in card_names(repo)}
 
 
 def write_result(out: str | Path, data: dict | list, table: str) -> Path:
@@ -166,22 +225,24 @@ def write_result(out: str | Path, data: dict | list, table: str) -> Path:
     return out
 
 
-def render(text: str, sections: dict[str, str]) -> str:
-    """``text`` with the body between each section's ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` replaced."""
+def render(text: str, sections: dict[str, str], comment: tuple[str, str] = ("<!-- ", " -->")) -> str:
+    """``text`` with the body between each section's ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` replaced
+    (``comment``: the file format's comment around ``NAME:start``, ``("# ", "")`` for YAML)."""
     for name, body in sections.items():
-        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-        pattern = re.compile(rf"({re.escape(start)}\n).*?({re.escape(end)})", re.S)
+        start, end = f"{comment[0]}{name}:start{comment[1]}", f"{comment[0]}{name}:end{comment[1]}"
+        pattern = re.compile(rf"({re.escape(start)}\n).*?([ \t]*{re.escape(end)})", re.S)
         if not pattern.search(text):
             raise ValueError(f"section {name!r}: no {start} ... {end} markers")
-        text = pattern.sub(lambda m, b=body: m.group(1) + b.strip() + "\n" + m.group(2), text)
+        text = pattern.sub(lambda m, b=body: m.group(1) + b.strip("\n").rstrip() + "\n" + m.group(2), text)
     return text
 
 
 def render_file(rel: str, repo: Path = REPO) -> tuple[str, str]:
-    """``(current, regenerated)`` text of the README ``rel`` (a key of :data:`READMES`) under ``repo``."""
+    """``(current, regenerated)`` text of the generated file ``rel`` (a key of :data:`READMES`) under ``repo``."""
     old = (repo / rel).read_text(encoding="utf-8")
+    comment = ("# ", "") if rel.endswith((".yml", ".yaml")) else ("<!-- ", " -->")
     try:
-        new = render(old, {name: make(repo) for name, make in READMES[rel].items()})
+        new = render(old, {name: make(repo) for name, make in READMES[rel].items()}, comment)
     except ValueError as e:
         raise ValueError(f"{rel}: {e}") from None
     return old, new
@@ -199,10 +260,29 @@ def main(argv: list[str] | None = None, repo: Path = REPO) -> int:
         stale.append(rel)
         if not args.check:
             (repo / rel).write_text(new, encoding="utf-8")
+    if READMES.get("mkdocs.yml"):  # the card pages go with the card navigation
+        stale += _sync_whole_files(repo, write=not args.check)
     if args.check and stale:
         print(f"out of date: {', '.join(stale)}: run `python -m zoo.tools.readme`", file=sys.stderr)
         return 1
     return 0
+
+
+def _sync_whole_files(repo: Path, write: bool) -> list[str]:
+    """Write (or, ``write=False``, only list) the whole generated pages that differ, and remove stale ones."""
+    want = whole_files(repo)
+    have = {p.relative_to(repo).as_posix() for p in (repo / CARDS_DIR).glob("*.md")}
+    stale = sorted(rel for rel, text in want.items()
+                   if not (repo / rel).is_file() or (repo / rel).read_text(encoding="utf-8") != text)
+    stale += sorted(have - set(want))
+    if write:
+        (repo / CARDS_DIR).mkdir(parents=True, exist_ok=True)
+        for rel in stale:
+            if rel in want:
+                (repo / rel).write_text(want[rel], encoding="utf-8")
+            else:
+                (repo / rel).unlink()
+    return stale
 
 
 if __name__ == "__main__":
