@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import html
 import logging
 import math
 import os
@@ -287,7 +288,28 @@ def _score_one(model: ZooModel, text: str, dynamic: bool = False) -> dict[str, A
         "num_dropped": res["num_dropped"], "dropped_items": res.get("dropped_items", []),
         "tokens": [t["token"] for t in toks], "surprisal_bits": [-t["logprob"] / LN2 for t in toks],
         "is_char": model.tokenizer.is_char, "warnings": res.get("warnings", []),
-    }
+    } | (_dynamic_effect(model, text, res) if dynamic else {})
+
+
+def _dynamic_effect(model: ZooModel, text: str, res: dict[str, Any]) -> dict[str, Any]:
+    """What dynamic evaluation did to this text: its perplexity beside the plain one (a cheap second score), and
+    how many of the model's weight updates (one per ``segment`` tokens) happened before the text's last token."""
+    plain = _score_one(model, text)["perplexity"]
+    segment = model.dynamic_defaults.segment
+    return {"dynamic": True, "static_perplexity": plain, "dynamic_segment": segment,
+            "dynamic_updates": max(0, (res["num_tokens"] - 1) // segment)}
+
+
+def _dynamic_note(results: list[dict[str, Any]]) -> str:
+    """The summary's first line for a dynamic score: that it ran, and how far it moved each model's number."""
+    parts = []
+    for r in results:
+        change = r["perplexity"] / r["static_perplexity"] - 1 if r["static_perplexity"] else 0.0
+        parts.append(f"{html.escape(r['model'])}: perplexity {_fmt(r['perplexity'])} against "
+                     f"{_fmt(r['static_perplexity'])} without it ({change:+.1%}; {r['dynamic_updates']} weight "
+                     f"update(s), one per {r['dynamic_segment']} tokens)")
+    return ("**Scored by dynamic evaluation** (the weights adapt to the text as it is read): " + "; ".join(parts)
+            + ".\n\n")
 
 
 def dynamic_stats_of(registry: ModelRegistry) -> DynamicStats:
@@ -350,7 +372,8 @@ def make_handlers(registry: ModelRegistry, stats: DynamicStats | None = None) ->
                 blocks.append(f"<p><em>{diff_note}</em></p>")
         report = {"notice": notice, "models": results, "difference_bits": diff, "difference_note": diff_note,
                   "num_chars": len(text)}
-        return report, _summary_md(results, diff, notice), "\n".join(blocks)
+        summary = (_dynamic_note(results) if dynamic else "") + _summary_md(results, diff, notice)
+        return report, summary, "\n".join(blocks)
 
     def generate(prompt: str, model: str, max_new_tokens: float = 50, temperature: float = 1.0,
                  top_k: float = 0, top_p: float = 1.0, seed: float | None = 0, stop_at_eos: bool = False,

@@ -544,6 +544,10 @@ def test_gradio_routes_a_client_can_misuse_answer_4xx_and_uploads_are_refused(se
     assert report["models"][0]["num_tokens"] == 3
 
 
+def capped_text(text: str) -> str:
+    return app.clean_text(text, app.DYNAMIC_LIMITS)[0]
+
+
 def test_a_plain_score_is_not_held_up_by_dynamic_evaluation(tmp_path):
     """Dynamic evaluation runs in its own queue of one, with its statistics collected at start-up and its text
     capped: a plain score sent while a long dynamic one runs is answered within about 2x its time alone."""
@@ -568,8 +572,15 @@ def test_a_plain_score_is_not_held_up_by_dynamic_evaluation(tmp_path):
         job = client.submit(long_text, "tiny-sgd", app.NONE_CHOICE, api_name="/score_dynamic")
         time.sleep(0.3)
         beside = sorted(plain() for _ in range(5))[2]
-        report, _, _ = job.result(timeout=120)
+        report, summary, _ = job.result(timeout=120)
         dynamic_s = time.perf_counter() - t0
+        # the result says that dynamic evaluation ran, and how far it moved the number from the plain score
+        res = report["models"][0]
+        plain_ppl = app._score_one(app.zoo.load(str(tmp_path / "tiny-sgd")), capped_text(long_text))["perplexity"]
+        assert res["dynamic"] and res["static_perplexity"] == pytest.approx(plain_ppl, rel=1e-9)
+        assert res["perplexity"] != res["static_perplexity"]  # many 20-token segments: the weights moved
+        assert res["dynamic_updates"] == (res["num_tokens"] - 1) // 20 > 0
+        assert summary.startswith("**Scored by dynamic evaluation**") and "without it" in summary
         capped = app.clean_text(long_text, app.DYNAMIC_LIMITS)[0]
         assert len(capped) <= app.MAX_DYNAMIC_CHARS < len(long_text)
         assert report["models"][0]["num_tokens"] == len(tok.encode(capped).ids)  # the capped text was scored

@@ -396,3 +396,10 @@ def test_dynamic_scoring_is_opt_in_and_runs_through_the_core(tmp_path, monkeypat
     other = _tiny_corpus_model(tmp_path / "b")
     (reply,) = Service(other, Limits(allow_dynamic=True)).score([req])
     assert isinstance(reply, ZooError) and "not found" in str(reply)
+
+
+def test_an_echoed_content_type_is_cut_short():
+    """A client's value shown back in an error is a short prefix (a 16 KiB header is not echoed whole)."""
+    with pytest.raises(InvalidRequest) as info:
+        parse_body(b"the cat", "x-custom/" + "a" * 16_000)
+    assert info.value.field == "Content-Type" and len(info.value.message) < 160 and "..." in info.value.message

@@ -226,7 +226,8 @@ def parse_body(raw: bytes | bytearray | str | None, content_type: str = "",
         raise InvalidRequest("body", "send a JSON object (Content-Type: application/json) or text/plain")
     media = (content_type or "").split(";")[0].strip().lower()
     if media and media != JSON_TYPE and not media.startswith("text/"):
-        raise InvalidRequest("Content-Type", f"unsupported {media!r}; send application/json or text/plain")
+        raise InvalidRequest("Content-Type", f"unsupported {_short(media, 60)!r}; send application/json or "
+                                             "text/plain")
     try:
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as e:

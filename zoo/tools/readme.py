@@ -48,6 +48,7 @@ BENCHMARKS = [
     ("serving.md", "TorchServe under load"),
     ("request_cost.md", "Request cost: the largest requests the token budgets allow"),
     ("serving_fairness.md", "Serving fairness: honest clients beside a hostile one, through the front door"),
+    ("front_door.md", "The front door's cost: HAProxy in front of TorchServe against TorchServe alone"),
     ("dynamic_eval.md", "Dynamic evaluation: tuned on PTB validation, measured once on test"),
     # one section per other model measured (``benchmarks/dynamic_eval.py --model NAME``); {} is NAME
     ("dynamic_eval-*.md", "Dynamic evaluation of `{}`: the defaults and two neighbours on validation, once on test"),
