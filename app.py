@@ -313,12 +313,12 @@ def _dynamic_note(results: list[dict[str, Any]]) -> str:
 
 
 def dynamic_stats_of(registry: ModelRegistry) -> DynamicStats:
-    """The collector of the registry's models' statistics (:mod:`zoo.tools.demo_stats`): the ``--model-dir``
-    models first (the operator named them), then the default model, then the rest of the catalogue."""
+    """The collector of dynamic evaluation's statistics (:mod:`zoo.tools.demo_stats`): at start-up the
+    ``--model-dir`` models (the operator named them) and the default model, the rest of the catalogue on first use."""
     entries = registry.entries
-    order = sorted(entries, key=lambda n: (entries[n]["source"] == "bundled", n != registry.default))
-    return DynamicStats([(n, "bundled" if entries[n]["source"] == "bundled" else str(entries[n]["dir"]))
-                         for n in order])
+    every = [(n, "bundled" if e["source"] == "bundled" else str(e["dir"])) for n, e in entries.items()]
+    first = [(n, src) for n, src in every if entries[n]["source"] != "bundled" or n == registry.default]
+    return DynamicStats(sorted(first, key=lambda m: m[0] == registry.default), every)
 
 
 # -- event handlers ---------------------------------------------------------------------------------------
@@ -476,8 +476,9 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = (), device: str = "cpu"
                 with gr.Accordion("Raw report (JSON)", open=False):
                     s_json = gr.JSON(label="report")
                 # the last result is cleared first, so that an error is never shown above a result it did not give
-                clear = {"fn": lambda: (None, "", ""), "inputs": None, "outputs": [s_json, s_sum, s_html],
-                         "queue": False, "api_visibility": "private"}
+                # (in the browser: no server round trip, no event a route guard has to know)
+                clear = {"fn": None, "inputs": None, "outputs": [s_json, s_sum, s_html],
+                         "js": "() => [null, '', '']", "api_visibility": "private"}
                 s_btn.click(**clear).then(h["score"], [s_text, s_model, s_cmp], [s_json, s_sum, s_html],
                                           api_name="score", api_description="Score a text: per-token "
                                           "log-probabilities, perplexity, bit rates. " + OPENAI_SERVER, **cpu)
@@ -545,6 +546,13 @@ def build_demo(model_dirs: Sequence[str | os.PathLike] = (), device: str = "cpu"
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
     demo.zoo_registry = registry  # type: ignore[attr-defined]
     demo.zoo_dynamic = stats  # type: ignore[attr-defined]
+    close = demo.close
+
+    def close_and_stop(*args: Any, **kwargs: Any) -> Any:  # the statistics' child process ends with the demo
+        stats.stop()
+        return close(*args, **kwargs)
+
+    demo.close = close_and_stop  # type: ignore[method-assign]
     return demo
 
 

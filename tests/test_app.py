@@ -32,6 +32,7 @@ from tests.ports import free_port  # noqa: E402
 from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
 from zoo.pretrained import ZooModel  # noqa: E402
+from zoo.tools.demo_stats import DynamicStats  # noqa: E402
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
@@ -591,3 +592,28 @@ def test_a_plain_score_is_not_held_up_by_dynamic_evaluation(tmp_path):
         client.close()
     finally:
         demo.close()
+
+
+def test_dynamic_statistics_of_other_models_are_collected_on_first_use_and_stop_with_the_demo(tmp_path):
+    """Start-up collects only the --model-dir models and the default (a minute of CPU each); another model is
+    queued the first time a visitor asks, told so at once, and settled soon after; closing the demo ends the
+    collection's child process."""
+    tok = tiny_tokenizer()
+    save_checkpoint(tmp_path / "tiny-later", tiny_lm("alstm").eval(), tok, {"name": "tiny-later", "dataset": "ptb",
+                                                                           "dynamic_eval": {"rule": "sgd"}})
+    stats = DynamicStats([], [("tiny-later", str(tmp_path / "tiny-later"))]).start()
+    try:
+        assert stats.proc is None  # nothing at start-up
+        assert "being collected" in stats.problem("tiny-later")
+        assert stats.wait("tiny-later", 120) and stats.problem("tiny-later") is None
+        registry = app.ModelRegistry([tmp_path])
+        first = {n for n, _ in app.dynamic_stats_of(registry).queue}
+        assert first == {"tiny-later", registry.default} - {None}
+    finally:
+        stats.stop()
+    demo = app.build_demo([tmp_path])
+    demo.zoo_dynamic.start()
+    proc = demo.zoo_dynamic.proc
+    assert proc is not None and proc.poll() is None
+    demo.close()
+    assert proc.poll() is not None

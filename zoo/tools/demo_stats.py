@@ -25,26 +25,41 @@ from collections.abc import Sequence
 
 
 class DynamicStats:
-    """Collects the statistics of ``models`` (``[(name, "bundled" | checkpoint dir), ...]``, in that order) in a
-    child process; :meth:`problem` says, per model, whether dynamic evaluation can run now."""
+    """Collects dynamic evaluation's statistics in a child process, one model after another: ``models`` (``[(name,
+    "bundled" | checkpoint dir), ...]``) at start-up, in that order, and any other model of ``known`` the first
+    time a visitor asks for it. :meth:`problem` says, per model, whether dynamic evaluation can run now.
 
-    def __init__(self, models: Sequence[tuple[str, str]]):
-        self.models = list(models)
-        #: name -> None (ready) or why dynamic evaluation cannot run; absent: still pending
+    Why not every model at start-up: about a minute of CPU each, so the whole catalogue would keep a core busy for
+    a quarter of an hour after every start (and every test that builds a demo); the models a visitor meets first
+    (the operator's ``--model-dir`` ones and the default) are ready before anyone asks, the rest on first use."""
+
+    def __init__(self, models: Sequence[tuple[str, str]], known: Sequence[tuple[str, str]] = ()):
+        self.queue = list(models)
+        self.known = dict(known) | dict(models)
+        #: name -> None (ready) or why dynamic evaluation cannot run; absent: pending (queued or collecting)
         self.state: dict[str, str | None] = {}
         self.proc: subprocess.Popen | None = None
-        self._reader: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stopped = False
 
     def start(self) -> DynamicStats:
-        if self.proc is None and self.models:
-            self.proc = subprocess.Popen([sys.executable, "-m", "zoo.tools.demo_stats", json.dumps(self.models)],
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            atexit.register(self.stop)
-            self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
-            self._reader.start()
+        with self._lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self._next()
         return self
 
-    def _read(self, proc: subprocess.Popen) -> None:
+    def _next(self) -> None:
+        """Start a child for the queued models (the lock held), unless stopped or nothing is queued."""
+        batch, self.queue = self.queue, []
+        if self._stopped or not batch:
+            self.proc = None
+            return
+        self.proc = subprocess.Popen([sys.executable, "-m", "zoo.tools.demo_stats", json.dumps(batch)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        atexit.register(self.stop)
+        threading.Thread(target=self._read, args=(self.proc, batch), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen, batch: list[tuple[str, str]]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             try:
@@ -52,23 +67,37 @@ class DynamicStats:
             except ValueError:
                 continue
             self.state[str(name)] = None if why is None else str(why)
-        for name, _ in self.models:  # the child ended (or was ended) before this one: say so on use
-            self.state.setdefault(name, "collecting its statistics stopped; restart the demo to try again")
+        proc.wait()
+        with self._lock:
+            for name, _ in batch:  # the child ended (or was ended) before this one: say so on use
+                self.state.setdefault(name, "collecting its statistics stopped; restart the demo to try again")
+            if self.proc is proc:
+                self._next()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        """End the collection (the demo is closing): the child is terminated, nothing more is started."""
+        with self._lock:
+            self._stopped, self.queue, proc = True, [], self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
             try:
-                self.proc.wait(10)
+                proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                proc.kill()
 
     def problem(self, name: str) -> str | None:
-        """Why dynamic evaluation cannot run on ``name`` now, or None when its statistics are ready."""
-        if name not in self.state:
-            return ("dynamic evaluation's statistics are still being collected (at start-up, about a minute per "
-                    "model); plain scoring works meanwhile")
-        return self.state[name]
+        """Why dynamic evaluation cannot run on ``name`` now, or None when its statistics are ready (a model not
+        collected yet is queued for collection by this call)."""
+        if name in self.state:
+            return self.state[name]
+        with self._lock:
+            pending = any(n == name for n, _ in self.queue)
+            if not pending and name in self.known and not self._stopped:
+                self.queue.append((name, self.known[name]))
+                if self.proc is None or self.proc.poll() is not None:
+                    self._next()
+        return ("dynamic evaluation's statistics are being collected (about a minute per model, once; then kept on "
+                "disk); plain scoring works meanwhile: try again shortly")
 
     def wait(self, name: str, timeout: float) -> bool:
         """Whether ``name`` is settled (ready or refused) within ``timeout`` seconds."""
