@@ -167,8 +167,9 @@ def test_the_queue_recipes_build_the_stated_sizes(name, params):
     from zoo.train import recipe_path
 
     recipe = Recipe.load(recipe_path(name))
+    vocab = len(load_corpus(recipe.dataset, None).vocab)  # outside the meta device: the corpus is cached
     with torch.device("meta"):   # (sizes only: no memory, no initialisation)
-        model = LanguageModel(vocab_size=len(load_corpus(recipe.dataset, None).vocab), **recipe.model)
+        model = LanguageModel(vocab_size=vocab, **recipe.model)
     assert sum(p.numel() for p in model.parameters()) == params
     if name.startswith("lstm"):
         assert abs(params - 17_197_800) / 17_197_800 < 1e-3

@@ -124,7 +124,7 @@ def test_write_files_and_readme_picks_them_up(runs, tmp_path):
     assert [p.name for p in paths] == ["t.json", "t.md", "t-tier-curve.png"]
     assert json.loads(paths[0].read_text())["roles"]["alstm"]["chosen"] == "a"
     (tmp_path / "repo" / "zoo").mkdir()
-    section = readme.models_section(tmp_path / "repo")
+    section = readme.tiers_section(tmp_path / "repo")  # the docs site's tiers page (docs/results/tiers.md)
     assert "**test tier**" in section and "model_cards/tiers/t.json" in section and "t-tier-curve.png" in section
     (out / "tiers" / "a-long.md").write_text("**long tier**\n")  # the README follows tiers.toml's order
     (out / "tiers" / "zz-unlisted.md").write_text("**unlisted**\n")
