@@ -16,6 +16,10 @@ import zoo
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 OLD_SCORES = json.loads((FIXTURES / "old-checkpoints" / "scores.json").read_text())
+#: Scores were recorded on an AVX-512 CPU; on another vector ISA (the AVX2 CI machine) the BLAS kernels sum in a
+#: different order and the 7th digit moves (measured: 3.8e-7 relative at most). Bit-identity holds on one CPU;
+#: any change of the model's arithmetic moves a score by far more than this.
+CROSS_CPU_REL = 1e-6
 
 
 def test_old_checkpoint_loads_and_scores_the_same_numbers():
@@ -23,8 +27,8 @@ def test_old_checkpoint_loads_and_scores_the_same_numbers():
     model = zoo.load(FIXTURES / "old-checkpoint")
     assert not (FIXTURES / "old-checkpoint" / "tokenizer.json").exists()  # written before tokenizer.json existed
     rep = model.score(recorded["texts"])
-    assert [t["nll"] for t in rep.texts] == recorded["nll"]
-    assert [t["ppl"] for t in rep.texts] == recorded["ppl"]
+    assert [t["nll"] for t in rep.texts] == pytest.approx(recorded["nll"], rel=CROSS_CPU_REL, abs=0)
+    assert [t["ppl"] for t in rep.texts] == pytest.approx(recorded["ppl"], rel=CROSS_CPU_REL, abs=0)
 
 
 def test_old_checkpoint_saved_again_gains_a_tokenizer_json(tmp_path):
@@ -40,7 +44,7 @@ def test_each_architectures_old_checkpoint_loads_and_scores_the_same_numbers(nam
     model = zoo.load(FIXTURES / "old-checkpoints" / name)
     rep = model.score(recorded["texts"])
     assert [t["num_tokens"] for t in rep.texts] == recorded["num_tokens"]
-    assert [t["nll"] for t in rep.texts] == pytest.approx(recorded["nll"], rel=1e-6, abs=0)
+    assert [t["nll"] for t in rep.texts] == pytest.approx(recorded["nll"], rel=CROSS_CPU_REL, abs=0)
 
 
 def test_the_old_checkpoints_cover_every_architecture_and_their_non_default_options():
@@ -55,9 +59,9 @@ def test_the_old_checkpoints_cover_every_architecture_and_their_non_default_opti
 
 def test_every_bundled_model_scores_as_before_the_redesign():
     """Each bundled model's per-text NLL on two texts, recorded by the code at commit 7964690 (before the library
-    redesign), is reproduced exactly by the current code. Models a longer tier superseded have left the bundle
-    (``zoo bundle --retire``); the trained models still bundled from then are checked (every architecture's format
-    is checked on the tiny fixtures above whatever the bundle holds)."""
+    redesign), is reproduced by the current code (to ``CROSS_CPU_REL``). Models a longer tier superseded have left
+    the bundle (``zoo bundle --retire``); the trained models still bundled from then are checked (every
+    architecture's format is checked on the tiny fixtures above whatever the bundle holds)."""
     from zoo.catalog import bundled_dir
 
     before = json.loads((FIXTURES / "bundled-scores-before.json").read_text())
@@ -66,6 +70,7 @@ def test_every_bundled_model_scores_as_before_the_redesign():
         if not (bundled_dir() / name / "config.json").is_file():
             continue
         model = zoo.load(name)
-        assert [t["nll"] for t in model.score(before["texts"]).texts] == nll, name
+        scores = [t["nll"] for t in model.score(before["texts"]).texts]
+        assert scores == pytest.approx(nll, rel=CROSS_CPU_REL, abs=0), name
         checked.add(model.config["architecture"])
     assert "alstm" in checked, checked  # alstm-ptb-5m stays bundled: the backends benchmark's headline model

@@ -21,6 +21,33 @@ from torch import Tensor, nn
 
 from zoo.models.base import RecurrentStack, State, locked_mask
 
+#: shapes (steps, batch, input, hidden) for which oneDNN could not build its bfloat16 LSTM primitive
+_NO_BF16_PRIMITIVE: set[tuple[int, ...]] = set()
+
+
+def _fused_lstm(x: Tensor, h: Tensor, c: Tensor, weights: list[Tensor], train: bool) -> tuple[Tensor, ...]:
+    """``torch.lstm`` for one layer; under CPU bf16 autocast, float32 where oneDNN lacks the bf16 primitive.
+
+    Without AVX-512 (the CI machine is AVX2-only) oneDNN refuses its bfloat16 LSTM for some shapes and not
+    others ("could not create a primitive descriptor"; (2, 2, 8, 5) builds, (3, 2, 8, 5) does not), so no
+    probe can tell in advance: the call is tried, and a refused shape runs, then and afterwards, with autocast
+    off, that is in float32 (the layer's input, state and weights are float32 under autocast; the decoder
+    and every other GEMM still take bf16). No graph is recorded by a call that raised, so training is exact.
+    """
+    args = (x, (h.unsqueeze(0), c.unsqueeze(0)), weights, True, 1, 0.0, train, False, True)
+    if x.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return torch.lstm(*args)
+    shape = (*x.shape, h.shape[-1])
+    if shape not in _NO_BF16_PRIMITIVE:
+        try:
+            return torch.lstm(*args)
+        except RuntimeError as err:
+            if "primitive descriptor" not in str(err):
+                raise
+            _NO_BF16_PRIMITIVE.add(shape)
+    with torch.autocast("cpu", enabled=False):
+        return torch.lstm(*args)
+
 
 class LSTMStack(RecurrentStack):
     """``num_layers`` LSTM layers: ``input_size -> hidden_size -> ... -> output_size``.
@@ -80,8 +107,7 @@ class LSTMStack(RecurrentStack):
         new_state: list[Tensor] = []
         for layer in range(self.num_layers):
             h, c = state[2 * layer], state[2 * layer + 1]
-            x, h, c = torch.lstm(x, (h.unsqueeze(0), c.unsqueeze(0)), self.layer_weights(layer),
-                                 True, 1, 0.0, self.training, False, True)
+            x, h, c = _fused_lstm(x, h, c, self.layer_weights(layer), self.training)
             new_state += [h.squeeze(0), c.squeeze(0)]
             if train_masks and layer < self.num_layers - 1:
                 mask = locked_mask(x.shape[0], x.shape[-1], self.dropout_hidden, x.device, x.dtype)
