@@ -27,7 +27,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
 import zoo  # noqa: E402
-from tests.conftest import REPO, TINY_ARCHS, tiny_lm, tiny_tokenizer  # noqa: E402
+from tests.conftest import REPO, TINY_ARCHS, WORDS, tiny_lm, tiny_tokenizer  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
@@ -289,15 +289,62 @@ def test_catalogue_models_bundled_copies_only(monkeypatch, tmp_path, model_root)
     assert "An untrained test model" in registry.card("cat-alstm")
 
 
-def test_queue_and_concurrency_limits_for_two_cores(model_root):
-    demo = app.build_demo([model_root])
-    assert demo._queue.max_size == app.QUEUE_SIZE == 16
-    fns = {fn.api_name: fn for fn in demo.fns.values()}
-    for name in ("score", "generate", "adaptation"):  # the model events share one two-slot pool
-        assert (fns[name].concurrency_limit, fns[name].concurrency_id) == (2, "cpu")
-    # dynamic evaluation has its own queue of one, so it never takes the slots plain scoring uses
-    assert (fns["score_dynamic"].concurrency_limit, fns["score_dynamic"].concurrency_id) == (1, "dynamic")
-    assert fns["generate"].time_limit == 300
+def _wide_lstm(root: Path) -> Path:
+    """A one-layer LSTM wide enough that scoring a capped text takes a good fraction of a second on one core:
+    long enough for requests sent meanwhile to find its slot taken."""
+    torch.manual_seed(0)
+    lm = zoo.LanguageModel(len(WORDS), "lstm", {"hidden_size": 64, "num_layers": 1}, emb_size=8)
+    return save_checkpoint(root / "wide-lstm", lm.eval(), tiny_tokenizer(), {"name": "wide-lstm", "dataset": "ptb"})
+
+
+def _wait_for(jobs: list, want: dict, timeout: float = 60) -> None:
+    """Poll the jobs' statuses (as their server reported them) until the counts in ``want`` are seen at once."""
+    from gradio_client.utils import Status
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = [job.status().code for job in jobs]
+        if all(codes.count(getattr(Status, k)) == n for k, n in want.items()):
+            return
+        if all(code == Status.FINISHED for code in codes):
+            break
+        time.sleep(0.005)
+    raise AssertionError(f"never saw {want}: last {codes}")
+
+
+def test_model_events_run_two_at_a_time_and_the_queue_refuses_the_seventeenth(tmp_path):
+    """Through gradio_client against the real demo: of three long scores sent at once, two run and the third
+    waits its turn (the two-slot pool of a 2-core machine); generations share that pool (they queue behind the
+    scores); with 17 requests waiting, the 17th is refused at once with "Queue is full" and the other 16 are
+    answered."""
+    from gradio_client.utils import QueueError
+
+    _wide_lstm(tmp_path)
+    demo = app.build_demo([tmp_path])
+    _, url, _ = app.launch(demo, port=free_port(), block=False)
+    client = gradio_client.Client(url, verbose=False)
+    try:
+        long_text = ("the cat sat on the mat a dog ran to the zebra\n" * 100)
+        long = [client.submit(long_text, "wide-lstm", app.NONE_CHOICE, api_name="/score") for _ in range(3)]
+        _wait_for(long, {"PROCESSING": 2, "IN_QUEUE": 1})
+        # the queue now holds the third score: 15 more fit, the 16th sent is the 17th waiting
+        short = [client.submit("the cat", "wide-lstm", app.NONE_CHOICE, api_name="/score") for _ in range(8)]
+        short += [client.submit("the", "wide-lstm", 2, 1.0, 0, 1.0, 0, False, True, api_name="/generate")
+                  for _ in range(8)]
+        outcomes = []
+        for job in short:
+            try:
+                outcomes.append(job.result(timeout=120))
+            except QueueError:
+                outcomes.append("refused")
+        assert outcomes.count("refused") == 1, outcomes
+        scores, texts = outcomes[:8], outcomes[8:]
+        assert all(o[0]["models"][0]["num_tokens"] == 3 for o in scores if o != "refused"), scores
+        assert all(len(o.split()) == 2 for o in texts if o != "refused"), texts  # two new tokens each
+        assert all(job.result(timeout=120)[0]["models"][0]["num_tokens"] > 1000 for job in long)
+    finally:
+        client.close()
+        demo.close()
 
 
 def test_validators_directly(model_root):

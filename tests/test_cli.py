@@ -21,9 +21,20 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_list_architectures(capsys):
+def test_list_architectures_prints_the_registry_and_a_newly_registered_one(capsys):
+    """The list is the registry's, not a copy: an architecture registered at run time shows up, in text and JSON."""
+    import dataclasses
+
+    from zoo.registry import ARCHITECTURES, get_spec, register_architecture, unregister_architecture
+
     code, out, _ = run(capsys, "list", "--architectures")
-    assert code == 0 and out.split() == ["alstm", "hyperlstm", "lstm", "pnorm_gru"]
+    assert code == 0 and out.split() == sorted(ARCHITECTURES) and "lstm" in out.split()
+    register_architecture(dataclasses.replace(get_spec("lstm"), name="aaa_test_lstm"))
+    try:
+        code, out, _ = run(capsys, "list", "--architectures", "--json")
+        assert code == 0 and json.loads(out) == sorted(ARCHITECTURES) and json.loads(out)[0] == "aaa_test_lstm"
+    finally:
+        unregister_architecture("aaa_test_lstm")
 
 
 def test_list_models_json(capsys):
