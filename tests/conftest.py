@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny models of every architecture and tiny checkpoints built with the real code."""
+"""Shared fixtures: tiny models of every architecture and tiny checkpoints built with the real code; the suite's
+tiers (markers given per module here, so a test file needs no marker of its own)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,35 @@ def tiny_tokenizer() -> Tokenizer:
     return Tokenizer(list(WORDS), "ptb")
 
 
+#: A small PTB-style corpus written for the tests (lower case, ``<unk>``, ``N``; one sentence a line): for tests
+#: that need *some* text in the corpus format, not the real PTB (which may be absent, and is slow to read whole).
+CORPUS = REPO / "tests" / "fixtures" / "corpus"
+
+
+def synthetic_corpus(root: Path, lines: dict[str, int], dataset: str = "ptb") -> Path:
+    """A data dir (``root/<dataset>/{train,valid,test}.txt``) with the first ``lines[split]`` lines of the committed
+    corpus, cycled when more are asked than it holds; returns ``root``, to pass as ``--data-dir``."""
+    (root / dataset).mkdir(parents=True, exist_ok=True)
+    for split, n in lines.items():
+        have = (CORPUS / f"{split}.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+        (root / dataset / f"{split}.txt").write_text("".join(have[i % len(have)] for i in range(n)), encoding="utf-8")
+    return root
+
+
+def real_data(dataset: str = "ptb") -> Path:
+    """The real corpus's folder under ``$ZOO_DATA_DIR``, or skip the test saying what is missing: for the tests that
+    check numbers of the real data (a bundled model's perplexity, the corpus statistics)."""
+    from zoo.data import DataError, resolve_data_dir
+
+    try:
+        folder = resolve_data_dir() / dataset
+    except DataError:
+        pytest.skip(f"needs the real {dataset} corpus: ZOO_DATA_DIR is not set")
+    if not all((folder / f"{split}.txt").is_file() for split in ("train", "valid", "test")):
+        pytest.skip(f"needs the real {dataset} corpus: {folder}/{{train,valid,test}}.txt not found (ZOO_DATA_DIR)")
+    return folder
+
+
 @pytest.fixture(params=sorted(TINY_ARCHS))
 def variant(request) -> str:
     return request.param
@@ -77,3 +107,43 @@ def _threads(tmp_path_factory):
         os.environ.pop("ZOO_CACHE_DIR", None)
     else:
         os.environ["ZOO_CACHE_DIR"] = previous
+
+
+# -- tiers ------------------------------------------------------------------------------------------------------
+#: Each test module's tier (pyproject.toml's markers say what each means; `make test-fast` runs `-m unit`). A new
+#: module must be added here: tests/test_markers.py fails until it is.
+MODULE_TIERS: dict[str, str] = {
+    **dict.fromkeys([
+        "test_adaptive_linear", "test_alstm", "test_cards_bundle", "test_checkpoint", "test_cli", "test_compat",
+        "test_completions", "test_data", "test_device", "test_dynamic", "test_export", "test_fast_paths",
+        "test_ferry", "test_fused_loss", "test_generation", "test_hf", "test_hyper_graphs", "test_hyperlstm",
+        "test_layers", "test_markers", "test_models_common", "test_pnorm_gru", "test_precision", "test_readme",
+        "test_scheduler", "test_scoring", "test_sentences", "test_service", "test_tiers", "test_tokenizer",
+        "test_tokenizer_json", "test_toy_architecture"], "unit"),
+    **dict.fromkeys([
+        "test_app", "test_campaign", "test_docs", "test_lm_eval", "test_onnx_without_torch", "test_openai_api",
+        "test_serving", "test_supervision", "test_train"], "system"),
+    "test_browser": "browser",
+    **dict.fromkeys(["test_hub", "test_wheel"], "hub"),
+}
+
+#: Tests of a unit module that belong to another tier (``module::function``): they start a subprocess or a
+#: server, or spend more than a few seconds of CPU (the unit tier must run in two minutes on one core).
+TEST_TIERS: dict[str, str] = {}
+
+TIERS = ("unit", "system", "browser", "hub")
+
+
+def tier_of(item: pytest.Item) -> str:
+    module = item.path.stem
+    name = getattr(item, "originalname", item.name)
+    return TEST_TIERS.get(f"{module}::{name}") or MODULE_TIERS[module]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its tier. A module missing from MODULE_TIERS gets none (so `-m unit` leaves it out
+    until it is placed) and tests/test_markers.py names it."""
+    for item in items:
+        if item.path.parent.name != "tests" or item.path.stem not in MODULE_TIERS:
+            continue
+        item.add_marker(getattr(pytest.mark, tier_of(item)))

@@ -55,19 +55,11 @@ source = "test fixture reference"
 _RUNS: dict[str, Path] = {}
 
 
-def _data_dir() -> Path:
-    from zoo.data import resolve_data_dir
-
-    return resolve_data_dir(None)
-
-
 def make_tiny_data(root: Path) -> Path:
-    """The first lines of the real PTB splits: a small corpus in the real format."""
-    (root / "ptb").mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", 100), ("valid", 20), ("test", 20)):
-        lines = (_data_dir() / "ptb" / f"{split}.txt").read_text().splitlines(keepends=True)[:n]
-        (root / "ptb" / f"{split}.txt").write_text("".join(lines))
-    return root
+    """A small corpus in PTB's format (the committed synthetic one: a tiny run needs some text, not the real PTB)."""
+    from tests.conftest import synthetic_corpus
+
+    return synthetic_corpus(root, {"train": 100, "valid": 20, "test": 20})
 
 
 def tiny_run(root: Path) -> Path:

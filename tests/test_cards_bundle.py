@@ -16,6 +16,7 @@ import pytest
 from huggingface_hub import ModelCard, ModelCardData
 
 import zoo
+from tests.conftest import real_data
 from tests.olah_fixture import REPO, bundle_into, recipe_file, run_main, tiny_run
 from zoo.catalog import CATALOG_FILE
 from zoo.cli import main
@@ -500,6 +501,7 @@ def test_card_usage_example_is_in_the_corpus_vocabulary(dataset):
     from zoo.tokenizer import Tokenizer
 
     info = DATASETS[dataset]
+    real_data(dataset)
     tok = Tokenizer(load_corpus(dataset).vocab, get_dataset(dataset).normalization)
     for text in (info.example_text, info.example_prompt):
         enc = tok.encode(text)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import real_data
 from zoo.data import DataError, batchify, corpus_files, get_batch, load_corpus, resolve_data_dir
 from zoo.errors import UnknownDatasetError
 
@@ -19,6 +20,7 @@ COUNTS = [
 
 @pytest.mark.parametrize("name,vocab,train,valid,test", COUNTS)
 def test_vocab_and_token_counts(name, vocab, train, valid, test):
+    real_data(name)
     c = load_corpus(name)
     assert len(c.vocab) == vocab
     assert (c.train.numel(), c.valid.numel(), c.test.numel()) == (train, valid, test)
@@ -29,6 +31,7 @@ def test_vocab_and_token_counts(name, vocab, train, valid, test):
 def test_unk_share_of_the_test_splits(name, share):
     """The share of ``<unk>`` among the test split's words (``<eos>`` not counted) that zoo/scoring.py's
     ``UNK_SHARE_WARNING`` and the README's "four times the corpora's own 6%" cite."""
+    real_data(name)
     c = load_corpus(name)
     words = c.test[c.test != c.vocab.index("<eos>")]
     assert round(float((words == c.vocab.index("<unk>")).float().mean()), 3) == share

@@ -67,15 +67,16 @@ def test_lm_training_loss_matches_the_decoder_path_with_tied_weights(variant):
 
 
 def test_the_trainer_step_takes_the_fused_path(monkeypatch, tmp_path):
+    from tests.conftest import synthetic_corpus
     from tests.test_train import write_recipe
-    from zoo.data import resolve_data_dir
     from zoo.train import Recipe, Trainer
 
     calls = []
     original = _fused_loss._LinearCrossEntropy.apply
     monkeypatch.setattr(_fused_loss._LinearCrossEntropy, "apply", lambda *a: calls.append(1) or original(*a))
     recipe = Recipe.load(write_recipe(tmp_path / "r.toml", arch="lstm"))
-    t = Trainer(recipe, tmp_path / "run", data_dir=str(resolve_data_dir()), progress=False)
+    t = Trainer(recipe, tmp_path / "run", progress=False,
+                data_dir=str(synthetic_corpus(tmp_path / "data", {"train": 40, "valid": 10, "test": 10})))
     t.train_step(t.train_data[:12].t(), t.train_data[1:13].t(), 12)
     assert calls == [1]
 

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeli
 
 import zoo  # noqa: E402
 import zoo.hf  # noqa: E402,F401 (registers the zoo with transformers)
-from tests.conftest import tiny_lm, tiny_tokenizer  # noqa: E402
+from tests.conftest import real_data, tiny_lm, tiny_tokenizer  # noqa: E402
 from zoo.catalog import bundled_dir  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
 from zoo.errors import CheckpointError  # noqa: E402
@@ -227,7 +227,7 @@ def test_stock_lm_eval_hf_model_reproduces_the_zoos_word_perplexity(tmp_path):
     name = "alstm-ptb-5m-light"
     data = tmp_path / "data"
     (data / "ptb").mkdir(parents=True)
-    real = zoo.data.resolve_data_dir() / "ptb"
+    real = real_data("ptb")  # the bundled model's vocabulary is the real corpus's
     for split in ("train", "valid"):
         (data / "ptb" / f"{split}.txt").symlink_to(real / f"{split}.txt")
     lines = (real / "test.txt").read_text(encoding="utf-8").splitlines(keepends=True)[:12]

@@ -16,7 +16,8 @@ import pytest
 pytest.importorskip("lm_eval")
 
 import zoo  # noqa: E402
-from zoo.data import load_corpus, resolve_data_dir  # noqa: E402
+from tests.conftest import real_data  # noqa: E402
+from zoo.data import load_corpus  # noqa: E402
 from zoo.errors import DataError  # noqa: E402
 from zoo.tokenizer import Tokenizer  # noqa: E402
 
@@ -74,7 +75,7 @@ def small_ptb(tmp_path_factory) -> Path:
     vocabulary, in first-occurrence order over the splits, is the model's and ``model.evaluate`` accepts it)."""
     root = tmp_path_factory.mktemp("data")
     (root / "ptb").mkdir()
-    real = resolve_data_dir() / "ptb"
+    real = real_data("ptb")  # the bundled model's vocabulary is the real corpus's
     for split in ("train", "valid"):
         (root / "ptb" / f"{split}.txt").symlink_to(real / f"{split}.txt")
     lines = (real / "test.txt").read_text(encoding="utf-8").splitlines(keepends=True)[:120]
@@ -249,6 +250,7 @@ def test_task_files_are_indexed_and_read_the_local_data():
     assert len(ptb_lines) == 3761 and all(line.strip() for line in ptb_lines)
     wiki = corpus_documents("wikitext-2", "test")["test"]["text"]
     assert len(wiki) == 1 and corpus_token_count(wiki[0]) == 245_569     # the README's token count
+    real_data("wikitext-2")
     tok = Tokenizer(load_corpus("wikitext-2").vocab, "wikitext")
     assert len(tok.encode(wiki[0]).ids) == corpus_token_count(wiki[0])  # what the model scores is what is counted
     assert len(corpus_documents("wikitext-2", "test", "line")["test"]) < 4358  # blank lines are no documents

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import REPO
+from tests.conftest import REPO, real_data
 from tests.ports import free_ports
-from zoo.data import resolve_data_dir
 from zoo.pretrained import ZooModel, resolve_local
 from zoo.tools.serve import java_version, stop_server
 
@@ -182,5 +181,5 @@ def test_lm_eval_local_completions_reproduces_the_zoos_numbers(server, hf_tokeni
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = glob.glob(str(tmp_path / "**" / "results_*.json"), recursive=True)
     got = json.loads(Path(files[0]).read_text())["results"]["zoo_ptb_test_lines"]["word_perplexity,none"]
-    lines = [ln for ln in (resolve_data_dir() / "ptb" / "test.txt").read_text().split("\n") if ln.strip()]
+    lines = [ln for ln in (real_data("ptb") / "test.txt").read_text().split("\n") if ln.strip()]
     assert got == pytest.approx(server.model.score(lines[:12]).corpus["ppl"], rel=1e-5)

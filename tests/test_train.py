@@ -14,25 +14,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import synthetic_corpus
 from tests.ports import free_port
-from zoo.data import resolve_data_dir
 from zoo.train import Recipe, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _ptb_head(root: Path, lines_per_split: dict[str, int]) -> Path:
-    src = resolve_data_dir(None)
-    (root / "ptb").mkdir()
-    for split, n in lines_per_split.items():
-        lines = (src / "ptb" / f"{split}.txt").read_text().splitlines(keepends=True)[:n]
-        (root / "ptb" / f"{split}.txt").write_text("".join(lines))
-    return root
+    """Training needs some text in the corpus format, not the real PTB: the committed synthetic corpus."""
+    return synthetic_corpus(root, lines_per_split)
 
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
-    """The first lines of the real PTB splits: a small corpus with the real format."""
+    """A small corpus in PTB's format (tests/fixtures/corpus)."""
     return _ptb_head(tmp_path_factory.mktemp("data"), {"train": 300, "valid": 40, "test": 40})
 
 
