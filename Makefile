@@ -21,11 +21,12 @@ CHECKOUT_STAMP := $(VENV)/.checkout-stamp
 HOOK_FILES := zoo/tools/lm_eval_hook/alstm_zoo_lm_eval_hook.py zoo/tools/lm_eval_hook/alstm_zoo_lm_eval_hook.pth
 DATA_DIR ?= $(abspath ../shared/data)
 
-.PHONY: demo test venv system-deps olah lint bench clean help docs
+.PHONY: demo test test-fast venv system-deps olah lint bench clean help docs
 
 help:
 	@echo "make demo   - create .venv, install, start the Gradio demo on 127.0.0.1:$(PORT) (offline)"
 	@echo "make test   - create .venv, install (plus Java 17, HAProxy and Chromium where missing), run the suite"
+	@echo "make test-fast - the unit tier only (pytest -m unit: in-process, no server, about two minutes on one core)"
 	@echo "make venv   - create .venv and install (the checkout's sources, editable) without running anything"
 	@echo "make system-deps - Java 17, HAProxy and Chromium from Debian where missing (TorchServe, its front door, the browser test)"
 	@echo "make olah   - the local Hub mirror's own venv (.venv-olah) for the Hub tests"
@@ -85,6 +86,10 @@ demo: venv
 
 test: venv olah system-deps
 	$(PY) -m pytest -q --durations=25
+
+# The unit tier (tests/conftest.py's MODULE_TIERS): nothing beyond the venv is installed or started.
+test-fast: venv
+	$(PY) -m pytest -q -m unit --durations=10
 
 docs: venv
 	$(VENV)/bin/mkdocs build --strict --site-dir site

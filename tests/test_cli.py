@@ -37,10 +37,13 @@ def test_list_architectures_prints_the_registry_and_a_newly_registered_one(capsy
         unregister_architecture("aaa_test_lstm")
 
 
-def test_list_models_json(capsys):
+def test_list_models_json_is_the_catalogue(capsys):
+    from zoo.catalog import catalog
+
     code, out, _ = run(capsys, "list", "--json")
     data = json.loads(out)
-    assert code == 0 and "models" in data and "default" in data
+    assert code == 0 and data == {"default": catalog()["default"], "models": catalog()["models"]}
+    assert data["default"] in data["models"]
 
 
 def test_score_json_fields(capsys, tiny_checkpoint):
