@@ -115,21 +115,66 @@ def _threads(tmp_path_factory):
 MODULE_TIERS: dict[str, str] = {
     **dict.fromkeys([
         "test_adaptive_linear", "test_alstm", "test_cards_bundle", "test_checkpoint", "test_cli", "test_compat",
-        "test_completions", "test_data", "test_device", "test_dynamic", "test_export", "test_fast_paths",
-        "test_ferry", "test_fused_loss", "test_generation", "test_hf", "test_hyper_graphs", "test_hyperlstm",
-        "test_layers", "test_markers", "test_models_common", "test_pnorm_gru", "test_precision", "test_readme",
-        "test_scheduler", "test_scoring", "test_sentences", "test_service", "test_tiers", "test_tokenizer",
-        "test_tokenizer_json", "test_toy_architecture"], "unit"),
+        "test_completions", "test_data", "test_device", "test_dynamic", "test_fast_paths", "test_fused_loss",
+        "test_generation", "test_hf", "test_hyper_graphs", "test_hyperlstm", "test_layers", "test_markers",
+        "test_models_common", "test_pnorm_gru", "test_precision", "test_readme", "test_scheduler", "test_scoring",
+        "test_sentences", "test_service", "test_tiers", "test_tokenizer", "test_tokenizer_json",
+        "test_toy_architecture"], "unit"),
+    # (test_export, test_ferry: in-process, but their ONNX exports and training runs take minutes)
     **dict.fromkeys([
-        "test_app", "test_campaign", "test_docs", "test_lm_eval", "test_onnx_without_torch", "test_openai_api",
-        "test_serving", "test_supervision", "test_train"], "system"),
+        "test_app", "test_campaign", "test_docs", "test_export", "test_ferry", "test_lm_eval",
+        "test_onnx_without_torch", "test_openai_api", "test_serving", "test_supervision", "test_train"], "system"),
     "test_browser": "browser",
     **dict.fromkeys(["test_hub", "test_wheel"], "hub"),
 }
 
 #: Tests of a unit module that belong to another tier (``module::function``): they start a subprocess or a
 #: server, or spend more than a few seconds of CPU (the unit tier must run in two minutes on one core).
-TEST_TIERS: dict[str, str] = {}
+TEST_TIERS: dict[str, str] = {
+    **dict.fromkeys([  # each starts `python -m zoo.cli`, app.py, a benchmark or the harness in a subprocess
+        "test_cli::test_score_file_per_line_and_stdin",
+        "test_cli::test_default_model_scores_offline_from_the_bundled_copy",
+        "test_cli::test_zoo_eval_defaults_reproduce_the_card",
+        "test_device::test_harness_command_refuses_a_missing_gpu_with_exit_2",
+        "test_device::test_cli_info_says_the_device",
+        "test_device::test_cli_refuses_a_missing_gpu_in_one_line",
+        "test_device::test_cli_refuses_a_bad_device_in_one_line",
+        "test_device::test_demo_refuses_a_missing_gpu_in_one_line",
+        "test_device::test_serve_start_refuses_gpus_it_does_not_have",
+        "test_device::test_gpu_benchmark_runs_end_to_end_on_the_cpu",
+        "test_dynamic::test_api_and_cli",
+        "test_dynamic::test_benchmark_quick",
+        "test_dynamic::test_benchmark_refuses_an_unknown_model_and_a_quick_run_into_the_results",
+        "test_dynamic::test_a_checkpoints_own_settings_are_what_dynamic_true_uses",
+        "test_fast_paths::test_reference_switch_by_environment",
+        "test_fast_paths::test_without_the_extension_the_python_loop_gives_the_same_numbers",
+        "test_fast_paths::test_a_build_lock_left_by_a_killed_build_is_cleared",
+        "test_fast_paths::test_a_built_loop_is_loaded_without_the_build_tool",
+        "test_hf::test_import_zoo_does_not_import_transformers",
+        "test_hf::test_stock_lm_eval_hf_model_reproduces_the_zoos_word_perplexity",
+        "test_layers::test_cli_user_error_is_one_line_exit_2_even_under_dash_m",
+        "test_layers::test_zoo_debug_shows_the_traceback_of_a_user_error",
+        "test_layers::test_checkout_commands_come_from_the_entry_point",
+        "test_precision::test_precision_errors_are_clear",
+        "test_tiers::test_plots_command_line_draws_both_layouts",
+    ], "system"),
+    # in-process, 5 to 70 s each on a busy core (gradchecks, overfitting, whole corpora, the bundled models)
+    **dict.fromkeys([
+        "test_alstm::test_gradcheck",
+        "test_alstm::test_reference_code_slicing_leaves_930k_parameters_unread",
+        "test_cards_bundle::test_card_usage_example_is_in_the_corpus_vocabulary",
+        "test_hf::test_every_bundled_model_loads_with_the_zoos_tokens_and_loss",
+        "test_hf::test_generate_and_pipeline_give_zoo_generates_tokens",
+        "test_hyperlstm::test_gradcheck",
+        "test_models_common::test_gradcheck_float64",
+        "test_models_common::test_overfits_a_tiny_corpus",
+        "test_pnorm_gru::test_gradcheck",
+        "test_pnorm_gru::test_carried_state_is_unbounded_for_p_above_1",
+        "test_sentences::test_sentence_run_end_to_end_and_resume",
+        "test_tokenizer::test_char_corpus_splits_read_as_text_encode_to_themselves",
+        "test_tokenizer_json::test_tokenizer_json_gives_the_zoo_ids_on_the_corpus_splits",
+    ], "system"),
+}
 
 TIERS = ("unit", "system", "browser", "hub")
 
