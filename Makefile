@@ -84,12 +84,18 @@ demo: venv
 	@echo "zoo: starting the demo on http://127.0.0.1:$(PORT) (loading the bundled models first)"
 	GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 $(PY) app.py --port $(PORT)
 
+# Two pytest-xdist workers, a test file each at a time (a module's server is started once, in one worker): on two
+# cores the subprocess- and server-bound tests wait more than they compute (a slice of the system tier: 248 s alone,
+# 129 s with -n 2). `make test XDIST=` runs the suite in one process.
+XDIST ?= -n 2 --dist loadfile
 test: venv olah system-deps
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(XDIST) --durations=25
 
-# The unit tier (tests/conftest.py's MODULE_TIERS): nothing beyond the venv is installed or started.
+# The unit tier (tests/conftest.py's MODULE_TIERS): nothing beyond the venv is installed or started. One process
+# with one intra-op thread (tiny tensors: a second thread only adds synchronisation): 80 s on one core, where
+# two xdist workers did not pay (their start-up and collection cost as much as they saved).
 test-fast: venv
-	$(PY) -m pytest -q -m unit --durations=10
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m unit --durations=10
 
 docs: venv
 	$(VENV)/bin/mkdocs build --strict --site-dir site
