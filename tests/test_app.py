@@ -436,9 +436,18 @@ def test_adaptation_tab_offers_adaptive_models_only(model_root):
 
 
 def test_make_demo_says_what_each_step_does():
+    """Each long step of `make demo` is announced just before it runs: the four install steps numbered in order,
+    the C++ build with how long it takes, and the demo's start before app.py."""
+    import re
+
     out = subprocess.run(["make", "-n", "-B", "demo"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
-    steps = [line for line in out.splitlines() if line.startswith('echo "zoo: ')]
-    assert len(steps) >= 5 and any("compiling the C++" in s and "minutes" in s for s in steps), out
+    lines = out.splitlines()
+    announced = [i for i, line in enumerate(lines) if line.startswith('echo "zoo: ')]
+    assert re.findall(r'^echo "zoo: \[(\d)/4\]', out, re.M) == ["1", "2", "3", "4"], out
+    assert all(i + 1 < len(lines) and not lines[i + 1].startswith("echo") for i in announced), out
+    steps = {lines[i]: lines[i + 1] for i in announced}
+    assert any("compiling the C++" in s and "minutes" in s and "build-ext" in cmd for s, cmd in steps.items()), out
+    assert any("starting the demo" in s and "app.py" in cmd for s, cmd in steps.items()), out
 
 
 def test_make_demo_honours_gradio_server_port():
