@@ -69,6 +69,7 @@ from zoo.tools.demo_render import (  # noqa: E402
     render_curve,
 )
 from zoo.tools.demo_stats import DynamicStats  # noqa: E402
+from zoo.tools.ports import port_free  # noqa: E402
 
 log = logging.getLogger("zoo.demo")
 REPO = Path(__file__).resolve().parent
@@ -611,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"app.py: error: {e}", file=sys.stderr)
         return 2
-    if not _port_free(args.host, args.port):  # Gradio's own message would advise a variable we already read
+    if not port_free(args.host, args.port):  # Gradio's own message would advise a variable we already read
         print(f"app.py: error: port {args.port} on {args.host} is in use; pick another with --port N or "
               "GRADIO_SERVER_PORT=N (make demo PORT=N)", file=sys.stderr)
         return 2
@@ -619,17 +620,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"app.py: serving the demo on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
     launch(demo, args.host, args.port, block=True)
     return 0
-
-
-def _port_free(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 if __name__ == "__main__":

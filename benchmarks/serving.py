@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import tempfile
 import threading
 import time
@@ -47,6 +46,7 @@ from tqdm.auto import tqdm
 
 from zoo.data import DataError, corpus_files
 from zoo.pretrained import ZooModel
+from zoo.tools import ports
 from zoo.tools.readme import write_result
 from zoo.tools.serve import (
     ArchiveOptions,
@@ -75,19 +75,8 @@ def sentences(limit: int = 2000) -> list[str]:
 
 
 def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        while len(socks) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            if s.getsockname()[1] in (8080, 8081, 8082):
-                s.close()
-                continue
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """Ports for one server (not TorchServe's defaults, which another server on the machine may hold)."""
+    return ports.free_ports(n, avoid=ports.TORCHSERVE_DEFAULT_PORTS)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.ports import free_port
+from zoo.tools.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 OLAH_CLI = REPO / ".venv-olah" / "bin" / "olah-cli"

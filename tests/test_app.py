@@ -28,11 +28,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import app  # noqa: E402
 import zoo  # noqa: E402
 from tests.conftest import REPO, TINY_ARCHS, tiny_lm, tiny_tokenizer  # noqa: E402
-from tests.ports import free_port  # noqa: E402
 from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
 from zoo.pretrained import ZooModel  # noqa: E402
 from zoo.tools.demo_stats import DynamicStats  # noqa: E402
+from zoo.tools.ports import free_port  # noqa: E402
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402

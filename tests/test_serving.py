@@ -25,12 +25,12 @@ import requests
 import torch
 
 from tests.conftest import REPO, tiny_lm, tiny_tokenizer
-from tests.ports import free_ports
 from zoo.checkpoint import save_checkpoint
 from zoo.cli import main as cli_main
 from zoo.errors import InvalidRequest
 from zoo.pretrained import ModelNotFoundError, ZooModel, resolve_local
 from zoo.service import Limits, parse_body
+from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports
 from zoo.tools.serve import ArchiveOptions, ServeError, ServerConfig, build_archive, java_version, stop_server
 
 pytestmark = [
@@ -40,7 +40,7 @@ pytestmark = [
 
 
 def _ports(n: int) -> list[int]:
-    return free_ports(n, avoid=(8080, 8081, 8082))  # TorchServe's defaults: another test may start one there
+    return free_ports(n, avoid=TORCHSERVE_DEFAULT_PORTS)  # TorchServe's defaults: another test may start one there
 
 
 LIMITS = {"max_texts": 8, "max_chars": 2000, "max_total_chars": 6000, "max_total_tokens": 5000, "max_new_tokens": 64}
@@ -1022,7 +1022,7 @@ def test_stop_by_pid(server, capsys):
     assert code == 0 and "stopped" in out
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    from zoo.tools.supervise import port_free
+    from zoo.tools.ports import port_free
 
     assert all(port_free("127.0.0.1", port) for port in info["ports"].values()), info["ports"]
     assert _cli(capsys, "serve", "status", "--run-dir", str(server.run_dir))[0] == 1

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.ports import free_port
 from zoo.data import resolve_data_dir
+from zoo.tools.ports import free_port
 from zoo.train import Recipe, Trainer
 
 REPO = Path(__file__).resolve().parent.parent

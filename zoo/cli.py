@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from zoo.backends import backend_names
 from zoo.datasets import dataset_names
 from zoo.errors import HubError, UsageError, ZooError
+from zoo.formatting import format_number
 from zoo.precision import PRECISIONS
 
 EXIT_USAGE = 2
@@ -29,12 +30,6 @@ EXIT_USAGE = 2
 COMMANDS_GROUP = "alstm_zoo.commands"
 #: Commands that live in checkout tooling; named here only to say where to find them when they are missing.
 CHECKOUT_COMMANDS = ("serve", "bundle", "publish")
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.4f}"
-    return str(v)
 
 
 def _load(args: argparse.Namespace):
@@ -74,8 +69,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         met = m.get("metrics", {})
         flag = " (default)" if name == cat.get("default") else ""
         print(f"{name:40s} {m.get('architecture', ''):10s} {m.get('dataset', ''):11s} "
-              f"{m.get('num_parameters', 0):>11,} {_fmt(met.get('valid', float('nan'))):>8s} "
-              f"{_fmt(met.get('test', float('nan'))):>8s}  {met.get('metric', '')}{flag}")
+              f"{m.get('num_parameters', 0):>11,} {format_number(met.get('valid'), 4, 'nan'):>8s} "
+              f"{format_number(met.get('test'), 4, 'nan'):>8s}  {met.get('metric', '')}{flag}")
     return 0
 
 

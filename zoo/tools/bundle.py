@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from zoo.catalog import DEFAULT_REVISION, bundled_dir, catalog_path, sha256_file
+from zoo.catalog import DEFAULT_REVISION, bundled_dir, catalog_path
 from zoo.checkpoint import CARD_FILE, CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, WEIGHTS_FILE, hf_fields
 from zoo.errors import ConfigError
-from zoo.files import is_leftover, write_atomic
+from zoo.files import is_leftover, sha256_file, write_atomic
 from zoo.tools import PACKAGE_DIR, REPO
 
 RELEASE_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.datasets import get_dataset
+from zoo.formatting import format_number
 from zoo.registry import CITATIONS, get_spec
 from zoo.tools import PACKAGE_DIR
 from zoo.train import STREAM_ONLY, first_selectable_epoch
@@ -149,10 +150,6 @@ def has_numbers(reference: dict[str, Any] | None) -> bool:
     return bool(reference) and any(k in reference for k in ("valid", "test"))
 
 
-def _fmt(v: float, digits: int = 2) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
-
-
 # -- the card --------------------------------------------------------------------------------------------------
 def card_data(name: str, ev: dict[str, Any], license: str = "mit", tags: list[str] | None = None,
               dynamic: dict[str, Any] | None = None):
@@ -281,8 +278,8 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     if has_numbers(reference):
         unit = reference.get("metric", metric)
         digits = 3 if unit == "bits_per_char" else 2   # the papers give bpc to 3 decimals
-        rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | "
-                    f"{_fmt(reference.get('valid'), digits)} | {_fmt(reference.get('test'), digits)} |")
+        valid, test = (format_number(reference.get(split), digits) for split in ("valid", "test"))
+        rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | {valid} | {test} |")
     f["results_table"] = "| | valid | test |\n|---|---:|---:|\n" + "\n".join(rows)
     f["comparisons"] = "".join(comparison_section(rep, ev["name"]) + "\n" for rep in comparisons)
 
@@ -350,15 +347,15 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
 
         def shown(r: dict[str, Any], split: str) -> str:
             if not ds.char_level:
-                return _fmt(r.get(f"{split}_ppl"))
-            return _fmt(r[f"{split}_loss"] / math.log(2), 3) if f"{split}_loss" in r else ""
+                return format_number(r.get(f"{split}_ppl"))
+            return format_number(r[f"{split}_loss"] / math.log(2), 3) if f"{split}_loss" in r else ""
 
         lines = [f"| epoch | train {unit} | valid {unit} | lr | seconds | optimizer |",
                  "|---:|---:|---:|---:|---:|---|"]
         for r in epochs:
             lines.append(f"| {r['epoch']}{' *' if r.get('best') else ''} | {shown(r, 'train')} | "
                          f"{shown(r, 'valid')} | {r.get('lr', float('nan')):.4g} | "
-                         f"{_fmt(r.get('seconds'), 0)} | {r.get('optimizer', '')} |")
+                         f"{format_number(r.get('seconds'), 0)} | {r.get('optimizer', '')} |")
         f["training_log"] = ("Training log (from `log.jsonl`):\n\n" + "\n".join(lines)
                              + "\n\n`*`: a new best validation loss (checkpoint kept).\n\n")
 
@@ -486,8 +483,8 @@ def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, 
         tr = m.get("training", {})
         digits = 3 if met.get("metric") == "bits_per_char" else 2
         ref = m.get("reference") or {}
-        ref_txt = (f"{_fmt(ref.get('valid'), digits)} / {_fmt(ref.get('test'), digits)} ({ref.get('source', '')})"
-                   if has_numbers(ref) else ref.get("source", ""))
+        ref_valid, ref_test = (format_number(ref.get(split), digits) for split in ("valid", "test"))
+        ref_txt = f"{ref_valid} / {ref_test} ({ref.get('source', '')})" if has_numbers(ref) else ref.get("source", "")
         # a sentence-level model's numbers are over single lines from a zero state: not comparable with a stream's
         data = m.get("dataset", "") + (", single sentences" if tr.get("mode") == "sentences" else "")
         flag = " (default)" if name == cat.get("default") else ""
@@ -496,7 +493,8 @@ def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, 
         where = f" ({short_device(tr['device'])}, {tr.get('precision', 'fp32')})" if tr.get("device") else ""
         lines.append(f"| `{name}`{flag} | {m.get('architecture', '')} | {m.get('num_parameters', 0) / 1e6:.2f}M | "
                      f"{data} | {tr.get('epochs', '')} | "
-                     f"{format_duration(secs) if secs is not None else ''}{where} | {_fmt(met.get('valid'), digits)} | "
-                     f"{_fmt(met.get('test'), digits)} | {_fmt(dynamic[name], digits) if name in dynamic else ''} | "
+                     f"{format_duration(secs) if secs is not None else ''}{where} | "
+                     f"{format_number(met.get('valid'), digits)} | {format_number(met.get('test'), digits)} | "
+                     f"{format_number(dynamic[name], digits) if name in dynamic else ''} | "
                      f"{met.get('metric', '')} | {ref_txt} |")
     return "\n".join(lines) + "\n"

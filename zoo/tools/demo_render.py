@@ -8,7 +8,6 @@ import atexit
 import hashlib
 import html
 import json
-import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from zoo.adaptation import AdaptationTrace
+from zoo.formatting import format_number
 from zoo.tools.plots import label_log_axis
 
 _CURVES: list[Path] = []
@@ -72,7 +72,8 @@ def render_curve(log_file: Path, name: str) -> str | None:
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
-    return f"{value:.{digits}f}" if isinstance(value, int | float) and math.isfinite(value) else "–"
+    """The demo's placeholder for a missing number is a dash."""
+    return format_number(value, digits, missing="–")
 
 
 # -- rendering ----------------------------------------------------------------------------------------------

@@ -49,13 +49,14 @@ from zoo.device import check_gpus
 from zoo.errors import ConfigError
 from zoo.service import Limits
 from zoo.tools import REPO, front_door, supervise
+from zoo.tools.ports import free_port, port_free
 
 SERVING_DIR = REPO / "serving"
 HANDLER_FILE = SERVING_DIR / "handler.py"
 DEFAULT_RUN_DIR = Path.home() / ".cache" / "alstm-zoo" / "serve"
 STATE_FILE, KEY_FILE = "server.json", "key_file.json"
 MAIN_CLASS = "org.pytorch.serve.ModelServer"
-#: TorchScript is left out on purpose: its archives are pickle-based and torch.jit is deprecated.
+#: TorchScript is left out on purpose: loading it unpickles (zoo.export.torchscript) and torch.jit is deprecated.
 SERVE_BACKENDS = tuple(backend_names(servable_only=True))
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -307,7 +308,6 @@ def java_version() -> int | None:
     return int(m.group(2) or 0) if major == 1 else major
 
 
-_port_free = supervise.port_free
 
 
 def _no_workflows(run_dir: Path) -> Path:
@@ -318,18 +318,6 @@ def _no_workflows(run_dir: Path) -> Path:
         shutil.rmtree(path)
     path.write_bytes(b"")
     return path
-
-
-def _free_port(host: str, avoid: set[int]) -> int:
-    """A port the OS reports free on ``host`` now (not one of ``avoid``)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for _ in range(20):
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in avoid:
-            return port
-    raise ServeError(f"no free port found on {host}")
 
 
 def _http(url: str, key: str | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -467,7 +455,7 @@ def _choose_ports(cfg: ServerConfig) -> None:
         cfg.worker_port = 20000 + cfg.inference_port % 20000
     for attr in ("grpc_inference_port", "grpc_management_port"):
         if not getattr(cfg, attr):
-            setattr(cfg, attr, _free_port(cfg.host, avoid={cfg.inference_port, cfg.management_port,
+            setattr(cfg, attr, free_port(cfg.host, avoid={cfg.inference_port, cfg.management_port,
                                                           cfg.metrics_port, cfg.grpc_inference_port}))
     if cfg.front_door:
         if cfg.client_timeout < 1:
@@ -477,7 +465,7 @@ def _choose_ports(cfg: ServerConfig) -> None:
     if len(set(ports)) != len(ports):
         raise ServeError(f"the inference, management, metrics and gRPC ports must differ (got {ports})")
     for port in ports:
-        if not _port_free(cfg.host, port):
+        if not port_free(cfg.host, port):
             raise ServeError(f"port {port} on {cfg.host} is in use by {supervise.holder(port)} (choose others with "
                              "--inference-port, --management-port, --metrics-port, --grpc-inference-port, "
                              "--grpc-management-port)")
