@@ -161,3 +161,54 @@ def test_checkout_commands_come_from_the_entry_point():
     assert eps.get("checkout") == "zoo.tools.commands:add"
     res = _cli("--help")
     assert res.returncode == 0 and all(c in res.stdout for c in ("serve", "bundle", "publish", "download"))
+
+
+#: The library's layers, bottom up, following the data (text -> tokens -> model -> scoring/generation -> backends ->
+#: servers): a module imports only from its own layer or below. A module is placed by the longest prefix that
+#: names it; a new module must fall under one (the test says which is missing). The checkout tooling (zoo.tools)
+#: sits above all of them.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("zoo.errors", "zoo.files", "zoo.formatting", "zoo.version", "zoo.validate", "zoo.device",
+                    "zoo.precision", "zoo.captured_step", "zoo.captured_inference")),
+    ("text", ("zoo.datasets", "zoo.data")),
+    ("tokens", ("zoo.tokenizer",)),
+    ("model", ("zoo.registry", "zoo.models", "zoo.lm", "zoo.checkpoint")),
+    ("scoring and generation", ("zoo.scoring", "zoo.dynamic", "zoo.generation", "zoo.adaptation")),
+    ("backends, loading and training", ("zoo.export", "zoo.backends", "zoo.catalog", "zoo.hub", "zoo.pretrained",
+                                        "zoo.hf", "zoo.train", "zoo.training", "zoo")),
+    ("services", ("zoo.service", "zoo.completions", "zoo.scheduler", "zoo.lm_eval_plugin", "zoo.lm_eval_tasks")),
+    ("command line", ("zoo.cli",)),
+]
+
+
+def layer_of(module: str) -> int | None:
+    best: tuple[int, int] | None = None
+    for level, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (level, len(p))
+    return best[0] if best else None
+
+
+def test_every_library_module_has_a_layer():
+    missing = [m for m in module_names() if not m.startswith("zoo.tools") and layer_of(m) is None]
+    assert not missing, f"place these in LAYERS: {missing}"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a (layer) imports b (layer)`` for each import of a library module from a higher layer."""
+    return [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+            for m, targets in sorted(graph.items()) if not m.startswith("zoo.tools")
+            for t in sorted(targets) if not t.startswith("zoo.tools") and layer_of(t) > layer_of(m)]
+
+
+def test_the_layer_checker_refuses_an_upward_import():
+    assert layer_of("zoo.scoring") < layer_of("zoo.service") < layer_of("zoo.cli.score")
+    assert layer_of("zoo.models.alstm") == layer_of("zoo.lm")
+    assert upward_imports({"zoo.scoring": {"zoo.service"}, "zoo.service": {"zoo.scoring"}}) == [
+        "zoo.scoring (scoring and generation) imports zoo.service (services)"]
+
+
+def test_the_library_imports_only_downward():
+    upward = upward_imports(import_graph())
+    assert not upward, "\n".join(upward)
