@@ -20,11 +20,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import gradio as gr
 import pytest
 import torch
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
 
 import app  # noqa: E402
 import zoo  # noqa: E402
@@ -312,6 +313,7 @@ def test_validators_directly(model_root):
 
     def gen(*args, **kwargs):
         return demo_handlers.generate(registry, *args, **kwargs)
+
     for kwargs, msg in [({"max_new_tokens": 501}, "max_new_tokens must be an integer between 0 and 500 here"),
                         ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
                         ({"temperature": float("inf")}, "temperature must be a finite number"),
@@ -342,6 +344,7 @@ def test_token_cap_reaches_the_demo_as_a_readable_error(model_root, monkeypatch)
 
     def score(*args):
         return demo_handlers.score(registry, None, *args)
+
     with pytest.raises(gr.Error, match="tiny-lstm: texts tokenise to 81 tokens for this model; the limit is 50"):
         score("the cat " * 40, "tiny-lstm")
     assert score("the cat " * 10, "tiny-lstm")[0]["models"][0]["num_tokens"] == 21
@@ -428,6 +431,7 @@ def test_a_model_with_non_finite_weights_is_a_readable_error(tmp_path):
 
     def score(*args):
         return demo_handlers.score(registry, None, *args)
+
     with pytest.raises(gr.Error, match="Could not load model 'tiny-nan': .*tensor 'decoder.bias' has "
                                            "non-finite values"):
         score("the cat sat", "tiny-nan")

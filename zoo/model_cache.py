@@ -1,8 +1,8 @@
 """A bounded, thread-safe cache of loaded models, least recently used dropped first.
 
 Why: a front end that serves several people (the demo's tabs, each request a thread of its own) asks for the same
-few models again and again; loading one reads and checks its weights (a second or more for the larger bundled
-models), so loaded models are shared. But every model held costs its weights in memory, and a visitor may walk
+few models again and again; loading one reads, checks and (on CUDA) moves its weights each time, so loaded
+models are shared. But every model held costs its weights in memory, and a visitor may walk
 through the whole catalogue: the cache keeps at most ``capacity`` models and drops the one used longest ago.
 
 A model is keyed by what it was loaded from (a catalogue name or a checkpoint directory) and the device it was
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from zoo.pretrained import ZooModel, load
 
-#: Models held at once by default: the demo's two compute slots comparing two models each.
+#: Models held at once unless the caller says otherwise.
 DEFAULT_CAPACITY = 4
 
 

@@ -30,7 +30,7 @@ from zoo.tools.demo_stats import DynamicStats
 
 log = logging.getLogger("zoo.demo")
 
-#: Loaded models kept in memory (least recently used is dropped).
+#: Loaded models kept in memory (least recently used is dropped): two compute slots, each comparing two models.
 CACHE_SIZE = 4
 
 
