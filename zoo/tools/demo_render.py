@@ -1,6 +1,7 @@
-"""The demo's rendering (``app.py`` holds its layout and event handlers): training curves, the surprisal heat
-map of a scored text, the summary table of one or two models and the adaptation figure. Pure functions of their
-inputs (plus the curve images written under :func:`curves_dir`), so they are tested without a browser."""
+"""The demo's rendering (its tabs are :mod:`zoo.tools.demo_ui`, its endpoints :mod:`zoo.tools.demo_handlers`):
+training curves, the surprisal heat map of a scored text, the summary table of one or two models and the adaptation
+figure. Pure functions of their inputs (plus the curve images written under :func:`curves_dir`), so they are tested
+without a browser."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def curves_dir() -> Path:
     return _CURVES[0]
 
 
-#: Loaded models kept in memory (least recently used is dropped).
+#: The heat maps' colour stops: YlOrRd for surprisal; blue-white-red for differences.
 SEQ_STOPS = [(255, 255, 255), (255, 237, 160), (254, 178, 76), (240, 59, 32), (128, 0, 38)]
 DIV_STOPS = [(33, 102, 172), (146, 197, 222), (255, 255, 255), (244, 165, 130), (178, 24, 43)]
 
