@@ -175,7 +175,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("model", ("zoo.registry", "zoo.models", "zoo.lm", "zoo.checkpoint")),
     ("scoring and generation", ("zoo.scoring", "zoo.dynamic", "zoo.generation", "zoo.adaptation")),
     ("backends, loading and training", ("zoo.export", "zoo.backends", "zoo.catalog", "zoo.hub", "zoo.pretrained",
-                                        "zoo.hf", "zoo.train", "zoo.training", "zoo")),
+                                        "zoo.model_cache", "zoo.hf", "zoo.train", "zoo.training", "zoo")),
     ("services", ("zoo.service", "zoo.completions", "zoo.scheduler", "zoo.lm_eval_plugin", "zoo.lm_eval_tasks")),
     ("command line", ("zoo.cli",)),
 ]
@@ -185,7 +185,8 @@ def layer_of(module: str) -> int | None:
     best: tuple[int, int] | None = None
     for level, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+            under = module == p or (p != "zoo" and module.startswith(p + "."))   # "zoo": the package's own __init__
+            if under and (best is None or len(p) > best[1]):
                 best = (level, len(p))
     return best[0] if best else None
 
