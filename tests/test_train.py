@@ -690,3 +690,41 @@ def test_an_epoch_line_without_a_finite_train_ppl_is_logged_and_printed(tmp_path
     trainer._log_line({"epoch": 1, "train_loss": 800.0, "train_ppl": None, "valid_ppl": 5.0, "lr": 1.0,
                        "tokens_per_s": 10.0})
     assert "train_ppl" not in json.loads((tmp_path / "run" / "log.jsonl").read_text())
+
+
+PRE_SPLIT = REPO / "tests" / "fixtures" / "pre-split-run"
+
+
+def test_a_checkpoint_written_before_the_training_split_resumes_exactly(tmp_path):
+    """A run stopped mid-epoch by the code before ``zoo/train.py`` became ``zoo.training`` (commit 0d0c6a6,
+    ``tests/fixtures/make_pre_split_run.py``) resumes where it stopped (epoch, data position, step), its log goes on
+    after the old lines, and it ends with the weights and epoch records of an uninterrupted run of today's code,
+    and the old code's uninterrupted epoch records (within 1e-3: those were measured on another machine's BLAS)."""
+    import shutil
+
+    expected = json.loads((PRE_SPLIT / "expected.json").read_text())
+    meta = json.loads((PRE_SPLIT / "run" / "checkpoint" / "meta.json").read_text())
+    assert (meta["epoch"], meta["step"]) == (2, expected["stop_step"]) and 0 < meta["pos"]  # (mid-epoch 2)
+    shutil.copytree(PRE_SPLIT / "run", tmp_path / "run")
+    old_log = (tmp_path / "run" / "log.jsonl").read_bytes()
+    recipe, data = Recipe.load(PRE_SPLIT / "recipe.toml"), str(PRE_SPLIT / "data")
+    resumed = Trainer(recipe, tmp_path / "run", data_dir=data, device="cpu", progress=False).run(resume=True)
+    whole = Trainer(recipe, tmp_path / "whole", data_dir=data, device="cpu", progress=False).run()
+    log_bytes = (tmp_path / "run" / "log.jsonl").read_bytes()
+    assert log_bytes.startswith(old_log)
+    log = [json.loads(x) for x in log_bytes.splitlines()]
+    assert {"event": "resumed", "epoch": 2, "pos": meta["pos"], "step": expected["stop_step"]}.items() <= \
+        next(r for r in log if r.get("event") == "resumed").items()
+    epochs = [r for r in log if "valid_ppl" in r]
+    assert [r["epoch"] for r in epochs] == [1, 2] and all(math.isfinite(r["train_loss"]) for r in epochs)
+    final = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())
+    assert final["step"] == expected["final_step"] > expected["stop_step"]
+    assert_same_weights(tmp_path / "whole", tmp_path / "run")
+    whole_epochs = [r for r in map(json.loads, (tmp_path / "whole" / "log.jsonl").read_text().splitlines())
+                    if "valid_ppl" in r]
+    keys = ("epoch", "train_loss", "valid_loss", "valid_ppl")
+    assert [[r[k] for k in keys] for r in epochs] == [[r[k] for k in keys] for r in whole_epochs]
+    for got, old in zip(epochs, expected["epochs"], strict=True):
+        assert got["epoch"] == old["epoch"]
+        assert [got[k] for k in keys[1:]] == pytest.approx([old[k] for k in keys[1:]], rel=1e-3)
+    assert resumed["test"]["ppl"] == whole["test"]["ppl"] and resumed["epochs_trained"] == 2
