@@ -735,3 +735,33 @@ def test_a_checkpoint_written_before_the_training_split_resumes_exactly(tmp_path
         assert got["epoch"] == old["epoch"]
         assert [got[k] for k in keys[1:]] == pytest.approx([old[k] for k in keys[1:]], rel=1e-3)
     assert resumed["test"]["ppl"] == whole["test"]["ppl"] and resumed["epochs_trained"] == 2
+
+
+def test_callbacks_see_every_step_and_may_ask_for_a_checkpoint(tmp_path, kill_data):
+    """The loop's one hook (the tests' crash and checkpoint-every hooks are callbacks: ``tests/train_hooks.py``):
+    each step's :class:`StepEnd` in order, with the run's and this process's step counts, and a checkpoint asked for
+    at a step is written at that step (a resumed process counts its own steps from 1 again)."""
+    from zoo.training import StepEnd
+
+    class Record:
+        def __init__(self) -> None:
+            self.events: list[StepEnd] = []
+            self.meta_at_4: dict = {}
+
+        def on_step_end(self, trainer: Trainer, event: StepEnd) -> None:
+            assert trainer.step == event.step and math.isfinite(event.loss)
+            self.events.append(event)
+            event.checkpoint = event.step == 3
+            if event.step == 4:
+                self.meta_at_4 = json.loads((trainer.ckpt_dir / "meta.json").read_text())
+
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", epochs=1))
+    first = Record()
+    Trainer(recipe, tmp_path / "run", data_dir=str(kill_data), progress=False, callbacks=[first]).run()
+    n = len(first.events)
+    assert [(e.step, e.steps_this_process) for e in first.events] == [(s, s) for s in range(1, n + 1)]
+    assert first.meta_at_4["step"] == 3 and n > 4
+    recipe.train.epochs = 2
+    second = Record()
+    Trainer(recipe, tmp_path / "run", data_dir=str(kill_data), progress=False, callbacks=[second]).run(resume=True)
+    assert [(e.step, e.steps_this_process) for e in second.events][:2] == [(n + 1, 1), (n + 2, 2)]
