@@ -75,7 +75,7 @@ def tiny_run(root: Path) -> Path:
     if "run" not in _RUNS:
         import torch
 
-        from zoo.train import Recipe, Trainer
+        from zoo.training import Recipe, Trainer
 
         root.mkdir(parents=True, exist_ok=True)
         data = make_tiny_data(root / "data")

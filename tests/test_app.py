@@ -62,7 +62,7 @@ def build_tiny_models(root: Path) -> Path:
                     cell.hyper_beta.copy_(torch.randn(cell.hyper_beta.shape, generator=gen) * 0.3)
         save_checkpoint(root / name, lm, tok, {"name": name, "dataset": "ptb"})
     (root / "tiny-alstm" / "README.md").write_text("---\nlicense: mit\n---\n# tiny-alstm\nAn untrained test model.\n")
-    # a trainer-style log (as zoo.train writes it) from which the Models tab draws the training curve
+    # a trainer-style log (as zoo.training writes it) from which the Models tab draws the training curve
     log = [{"epoch": e, "train_ppl": 900.0 / e, "valid_ppl": 950.0 / e, "lr": 1.0} for e in (1, 2, 3)]
     (root / "tiny-alstm" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     return root

@@ -175,7 +175,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("model", ("zoo.registry", "zoo.models", "zoo.lm", "zoo.checkpoint")),
     ("scoring and generation", ("zoo.scoring", "zoo.dynamic", "zoo.generation", "zoo.adaptation")),
     ("backends, loading and training", ("zoo.export", "zoo.backends", "zoo.catalog", "zoo.hub", "zoo.pretrained",
-                                        "zoo.model_cache", "zoo.hf", "zoo.train", "zoo.training", "zoo")),
+                                        "zoo.model_cache", "zoo.hf", "zoo.training", "zoo")),
     ("services", ("zoo.service", "zoo.completions", "zoo.scheduler", "zoo.lm_eval_plugin", "zoo.lm_eval_tasks")),
     ("command line", ("zoo.cli",)),
 ]

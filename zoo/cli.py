@@ -278,7 +278,7 @@ def _train_parallel(args: argparse.Namespace) -> int:
     import subprocess
     import time
 
-    from zoo.train import Recipe, recipe_path
+    from zoo.training import Recipe, recipe_path
 
     pending = [recipe_path(r) for r in args.recipe]
     names = [Recipe.load(path).name for path in pending]
@@ -342,7 +342,7 @@ def _train_parallel(args: argparse.Namespace) -> int:
 def _check_run_dir(run_dir: Path, args: argparse.Namespace, clear: bool = True) -> None:
     """A plain ``zoo train`` into a folder that holds an earlier run would replace its log and checkpoints: refuse
     unless the caller said which they meant (``--resume`` continues it, ``--restart`` removes it and starts over)."""
-    from zoo.train import clear_run, run_products
+    from zoo.training import clear_run, run_products
 
     if args.resume and args.restart:
         raise UsageError("--resume and --restart exclude each other")
@@ -356,9 +356,7 @@ def _check_run_dir(run_dir: Path, args: argparse.Namespace, clear: bool = True) 
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import signal
-
-    from zoo.train import Interrupted, Recipe, Trainer, recipe_path
+    from zoo.training import Interrupted, Recipe, Trainer, recipe_path
 
     _require(args, positive=("--jobs", "--epochs", "--log-every-steps"),
              non_negative=("--max-minutes", "--pause-after-minutes"))
@@ -374,9 +372,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / recipe.name
     _check_run_dir(run_dir, args)
     try:
-        trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device,
-                          crash_after_steps=args.crash_after_steps, checkpoint_every_steps=args.checkpoint_every_steps,
-                          crash_signal=getattr(signal, f"SIG{args.crash_signal}"), log_to=tuple(args.log_to or ()),
+        trainer = Trainer(recipe, run_dir, data_dir=args.data_dir, device=args.device, log_to=tuple(args.log_to or ()),
                           log_every_steps=args.log_every_steps, cuda_graphs=args.cuda_graphs,
                           pause_after_minutes=args.pause_after_minutes or 0.0)
     except ValueError as e:      # options this run cannot take (--cuda-graphs on a CPU, a bad log target, ...)
@@ -591,9 +587,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--cuda-graphs", action="store_true",
                     help="on a GPU: replay each update from a CUDA graph captured once per BPTT length (same "
                          "arithmetic, one launch per step; stream-mode recipes, one process; zoo/captured_step.py)")
-    sp.add_argument("--checkpoint-every-steps", type=int, default=0, help=argparse.SUPPRESS)
-    sp.add_argument("--crash-after-steps", type=int, default=0, help=argparse.SUPPRESS)
-    sp.add_argument("--crash-signal", default="KILL", choices=["KILL", "TERM", "INT"], help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("download", help="fetch a pretrained model from the Hub into the cache (verified)")

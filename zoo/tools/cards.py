@@ -22,7 +22,7 @@ from zoo.datasets import get_dataset
 from zoo.formatting import format_number
 from zoo.registry import CITATIONS, get_spec
 from zoo.tools import PACKAGE_DIR
-from zoo.train import STREAM_ONLY, first_selectable_epoch
+from zoo.training import STREAM_ONLY, first_selectable_epoch
 
 LIBRARY = "alstm-zoo"
 RECIPES_DIR = PACKAGE_DIR / "recipes"

@@ -55,7 +55,7 @@ from safetensors.torch import load_file, save, save_file
 
 from zoo.errors import ZooError
 from zoo.files import sha256_file, write_atomic
-from zoo.train import run_lock
+from zoo.training import run_lock
 
 MiB = 1 << 20
 #: The device tool's return: 8 files of 16 MiB, 64 MiB in all (the manifest, the parts, gpu_piece.sh's log and
