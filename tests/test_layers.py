@@ -104,6 +104,22 @@ def test_library_never_imports_checkout_tooling():
     assert not {m: ts for m, ts in bad.items() if ts}
 
 
+#: ``zoo serve``'s modules, lowest first: a module imports only modules of the layers before its own.
+SERVE_LAYERS = (("config", "probe", "front_door", "supervise"), ("archive", "keys"), ("health", "launch"),
+                ("lifecycle",), ("cli",))
+
+
+def test_serve_package_imports_only_downward():
+    """Every module of zoo.tools.serve has a layer (a new one must be placed), imports only lower layers, and the
+    package's ``__init__`` imports none of them (each name is imported from the module that owns it)."""
+    graph, pkg = import_graph(), "zoo.tools.serve"
+    layer = {f"{pkg}.{m}": i for i, mods in enumerate(SERVE_LAYERS) for m in mods}
+    assert {m for m in graph if m.startswith(pkg + ".")} == set(layer)
+    assert not {t for t in graph[pkg] if t.startswith(pkg)}
+    upward = {m: sorted(t for t in graph[m] if t in layer and layer[t] >= layer[m]) for m in layer}
+    assert not {m: ts for m, ts in upward.items() if ts}
+
+
 def test_library_holds_no_repository_relative_path():
     """Outside zoo.tools, nothing resolves a path above the package (the repository's folders)."""
     offenders = []

@@ -19,7 +19,8 @@ from tests.conftest import REPO
 from zoo.data import resolve_data_dir
 from zoo.pretrained import ZooModel, resolve_local
 from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports
-from zoo.tools.serve import java_version, stop_server
+from zoo.tools.serve.launch import java_version
+from zoo.tools.serve.lifecycle import stop_server
 
 openai = pytest.importorskip("openai")
 

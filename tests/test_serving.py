@@ -31,7 +31,10 @@ from zoo.errors import InvalidRequest
 from zoo.pretrained import ModelNotFoundError, ZooModel, resolve_local
 from zoo.service import Limits, parse_body
 from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports
-from zoo.tools.serve import ArchiveOptions, ServeError, ServerConfig, build_archive, java_version, stop_server
+from zoo.tools.serve.archive import build_archive
+from zoo.tools.serve.config import ArchiveOptions, ServeError, ServerConfig
+from zoo.tools.serve.launch import java_version
+from zoo.tools.serve.lifecycle import stop_server
 
 pytestmark = [
     pytest.mark.server,
@@ -1055,7 +1058,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def test_start_refuses_a_busy_port(tmp_path):
-    from zoo.tools.serve import start_server
+    from zoo.tools.serve.lifecycle import start_server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -1070,7 +1073,7 @@ def test_start_refuses_a_busy_port(tmp_path):
 
 def test_start_fails_fast_when_the_model_cannot_load(tmp_path):
     """A worker that cannot load its model is retried forever by TorchServe: start reports it and stops."""
-    from zoo.tools.serve import start_server
+    from zoo.tools.serve.lifecycle import start_server
 
     ckpt = _random_tiny_checkpoint(tmp_path / "broken")
     weights = ckpt / "model.safetensors"
@@ -1095,7 +1098,8 @@ def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch,
     This second server also has token authorisation turned off, the explicit opt-in for local demos.
     """
     from zoo.backends import attach_backend
-    from zoo.tools.serve import server_status, start_server
+    from zoo.tools.serve.health import server_status
+    from zoo.tools.serve.lifecycle import start_server
 
     monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))  # any export made here stays in tmp
     ckpt = _random_tiny_checkpoint(tmp_path / "tiny-random")
@@ -1129,7 +1133,7 @@ def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch,
 def test_front_door_config_is_valid_haproxy_for_any_run_dir(tmp_path):
     """The rendered haproxy.cfg passes `haproxy -c`, also for a run dir with spaces (its paths are quoted; the
     key maps, which sample expressions name unquoted, live in the socket folder)."""
-    from zoo.tools.front_door import haproxy, render
+    from zoo.tools.serve.front_door import haproxy, render
 
     run_dir = tmp_path / "a run dir" / "with spaces"
     (run_dir / "logs").mkdir(parents=True)

@@ -16,9 +16,13 @@ import requests
 
 from tests.test_serving import _random_tiny_checkpoint
 from zoo.cli import main as cli_main
-from zoo.tools import supervise
 from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports, port_free
-from zoo.tools.serve import ServerConfig, java_version, read_keys, server_status, start_server, stop_server
+from zoo.tools.serve import supervise
+from zoo.tools.serve.config import ServerConfig
+from zoo.tools.serve.health import server_status
+from zoo.tools.serve.keys import read_keys
+from zoo.tools.serve.launch import java_version
+from zoo.tools.serve.lifecycle import start_server, stop_server
 
 pytestmark = [
     pytest.mark.server,
