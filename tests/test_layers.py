@@ -179,3 +179,22 @@ def test_checkout_commands_come_from_the_entry_point():
     assert eps.get("checkout") == "zoo.tools.commands:add"
     res = _cli("--help")
     assert res.returncode == 0 and all(c in res.stdout for c in ("serve", "bundle", "publish", "download"))
+
+
+def test_a_plain_install_names_where_the_checkout_commands_are(capsys, monkeypatch):
+    """Without the checkout tooling (a wheel does not ship zoo.tools, so its entry point fails to import), the
+    commands it would add answer in one line where to find them, and the library's commands still run."""
+    import importlib.metadata
+
+    from zoo import cli
+
+    missing = importlib.metadata.EntryPoint(name="checkout", value="zoo.not_shipped:add", group=cli.COMMANDS_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [missing] if group == cli.COMMANDS_GROUP
+                        else [])
+    for command in cli.CHECKOUT_COMMANDS:
+        assert cli.main([command, "--help"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"zoo: error: `zoo {command}` is checkout tooling (zoo.tools), not part of the installed "
+                       "library: run it from a clone of the repository (`make venv`)\n")
+    assert cli.main(["list", "--architectures", "--json"]) == 0
+    assert "alstm" in capsys.readouterr().out
