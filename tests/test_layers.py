@@ -89,7 +89,7 @@ def test_the_graph_builder_sees_function_local_imports_and_cycles():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     graph = import_graph()
     assert "zoo.errors" in graph["zoo.cli"]          # a top-level import
-    assert "zoo.models._compiled" in graph["zoo.cli"]  # an import inside a function
+    assert "zoo.models._compiled" in graph["zoo.cli.build_ext"]  # an import inside a function
 
 
 def test_no_import_cycle_in_zoo():
@@ -118,6 +118,24 @@ def test_serve_package_imports_only_downward():
     assert not {t for t in graph[pkg] if t.startswith(pkg)}
     upward = {m: sorted(t for t in graph[m] if t in layer and layer[t] >= layer[m]) for m in layer}
     assert not {m: ts for m, ts in upward.items() if ts}
+
+
+#: The CLI package's shared helpers; every other module of ``zoo.cli`` is one command.
+CLI_HELPERS = {"zoo.cli", "zoo.cli.__main__", "zoo.cli.parser", "zoo.cli.inputs", "zoo.cli.options"}
+
+
+def test_the_cli_sits_at_the_top_of_the_library():
+    """Nothing in the library imports the CLI (it is above scoring, generation, backends and export; checkout
+    tooling reaches it through the entry point), and within it the helpers never import a command, nor one
+    command another (each command is a module of its own)."""
+    graph = import_graph()
+    cli = {m for m in graph if m == "zoo.cli" or m.startswith("zoo.cli.")}
+    assert {"zoo.cli.score", "zoo.cli.train", "zoo.cli.inputs"} <= cli  # (the package the test knows)
+    assert {m: sorted(graph[m] & cli) for m in graph if m not in cli and graph[m] & cli} == {}
+    commands = cli - CLI_HELPERS
+    offenders = {m: sorted(graph[m] & commands) for m in cli if m != "zoo.cli" and graph[m] & commands}
+    assert offenders == {}, "only zoo.cli (the parser's assembly) imports the command modules"
+    assert "zoo.cli" in graph["zoo.cli.__main__"] and graph["zoo.cli"] >= commands
 
 
 def test_library_holds_no_repository_relative_path():
@@ -229,3 +247,22 @@ def test_the_layer_checker_refuses_an_upward_import():
 def test_the_library_imports_only_downward():
     upward = upward_imports(import_graph())
     assert not upward, "\n".join(upward)
+
+
+def test_a_plain_install_names_where_the_checkout_commands_are(capsys, monkeypatch):
+    """Without the checkout tooling (a wheel does not ship zoo.tools, so its entry point fails to import), the
+    commands it would add answer in one line where to find them, and the library's commands still run."""
+    import importlib.metadata
+
+    from zoo import cli
+
+    missing = importlib.metadata.EntryPoint(name="checkout", value="zoo.not_shipped:add", group=cli.COMMANDS_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [missing] if group == cli.COMMANDS_GROUP
+                        else [])
+    for command in cli.CHECKOUT_COMMANDS:
+        assert cli.main([command, "--help"]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"zoo: error: `zoo {command}` is checkout tooling (zoo.tools), not part of the installed "
+                       "library: run it from a clone of the repository (`make venv`)\n")
+    assert cli.main(["list", "--architectures", "--json"]) == 0
+    assert "alstm" in capsys.readouterr().out
