@@ -33,8 +33,7 @@ PARTS = ("front door", "TorchServe frontend")
 class ServeError(ConfigError):
     """A user-facing problem (bad argument, port in use, server failed to start): one line, exit 2.
 
-    A ValueError so that ``zoo.cli.main`` reports it as a user error however the CLI was started
-    (``python -m zoo.cli`` runs cli.py as ``__main__``, where its ``UsageError`` is another class).
+    A :class:`~zoo.errors.ConfigError` (a ``ZooError``), so ``zoo.cli.main`` reports it as a user error.
     """
 
 
