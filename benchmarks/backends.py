@@ -55,7 +55,7 @@ def recipe_model(name: str) -> ZooModel:
     from zoo.datasets import get_dataset
     from zoo.lm import LanguageModel
     from zoo.tokenizer import Tokenizer
-    from zoo.train import Recipe, recipe_path
+    from zoo.training import Recipe, recipe_path
 
     recipe = Recipe.load(recipe_path(name))
     vocab = load_corpus(recipe.dataset).vocab

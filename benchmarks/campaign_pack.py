@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from zoo.tools import ferry, runpack
-from zoo.train import Recipe, Trainer, recipe_path
+from zoo.training import Recipe, Trainer, recipe_path
 
 
 def _steps(t: Trainer, n: int) -> list[float]:

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from zoo.tools.gpu_piece import mps_daemon
-from zoo.train import Recipe, Trainer, recipe_path
+from zoo.training import Recipe, Trainer, recipe_path
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -18,7 +18,7 @@ import time
 import torch
 
 from zoo.tools.readme import write_result
-from zoo.train import Recipe, Trainer, recipe_path
+from zoo.training import Recipe, Trainer, recipe_path
 
 
 def run_mode(recipe: Recipe, data_dir: str | None, graphs: bool, steps: int, warmup: int) -> dict:

@@ -26,14 +26,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serving import free_ports, load, sentences  # noqa: E402  (benchmarks/serving.py)
-from zoo.tools.serve import (  # noqa: E402
-    ArchiveOptions,
-    ServerConfig,
-    parse_model_spec,
-    read_keys,
-    start_server,
-    stop_server,
-)
+from zoo.tools.serve.config import ArchiveOptions, ServerConfig, parse_model_spec  # noqa: E402
+from zoo.tools.serve.keys import read_keys  # noqa: E402
+from zoo.tools.serve.lifecycle import start_server, stop_server  # noqa: E402
 
 
 def run(name: str, source: str, front_door: bool, args: argparse.Namespace, texts: list[str]) -> dict[str, Any]:

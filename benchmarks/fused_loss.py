@@ -39,7 +39,7 @@ from precision import cpu_name, other_processes  # noqa: E402
 from zoo.models import _fused_loss  # noqa: E402
 from zoo.models import _gemm as gemm  # noqa: E402
 from zoo.precision import autocast  # noqa: E402
-from zoo.train import Recipe, Trainer, recipe_path  # noqa: E402
+from zoo.training import Recipe, Trainer, recipe_path  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = [("PTB tier", 1400, 256, 10000), ("WikiText-2 tier", 1400, 256, 33278)]

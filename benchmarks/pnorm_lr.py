@@ -19,7 +19,7 @@ import time
 import torch
 
 from zoo.tools.readme import write_result
-from zoo.train import Recipe, Trainer, recipe_path
+from zoo.training import Recipe, Trainer, recipe_path
 
 #: (first step, last step) windows whose mean training loss is reported, 1-based and inclusive
 WINDOWS = ((1, 20), (101, 120), (221, 240))

@@ -45,7 +45,7 @@ from cells import VOCAB, arch_specs  # noqa: E402
 
 from zoo.lm import LanguageModel  # noqa: E402
 from zoo.precision import autocast  # noqa: E402
-from zoo.train import Recipe, recipe_path  # noqa: E402
+from zoo.training import Recipe, recipe_path  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PRECISIONS = ("fp32", "bf16")
@@ -251,7 +251,7 @@ def loss_path_rows(rounds: int) -> list[dict]:
 # -- 3. two cores -------------------------------------------------------------------------------------------------
 WORKER = """
 import json, sys, time, torch
-from zoo.train import Recipe, Trainer, recipe_path
+from zoo.training import Recipe, Trainer, recipe_path
 name, steps = sys.argv[1], int(sys.argv[2])
 r = Recipe.load(recipe_path(name))
 t = Trainer(r, "/tmp/zoo-precision-layout-unused", progress=False, device="cpu")

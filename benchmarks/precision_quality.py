@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from zoo.datasets import get_dataset
-from zoo.train import recipe_path
+from zoo.training import recipe_path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"

@@ -1,6 +1,6 @@
 """Load test of the TorchServe deployment on loopback: batching on vs off, and scoring beside generation.
 
-For each setting a fresh server is started (``zoo.tools.serve.start_server``: token auth on, its own run dir
+For each setting a fresh server is started (``zoo.tools.serve.lifecycle.start_server``: token auth on, its own run dir
 and free ports), warmed up, then ``--clients`` threads each send score requests back to back for
 ``--duration`` seconds: one PTB test sentence per request (``{"task": "score", "texts": [s]}``),
 cycling through the test set. Reported: requests/s, p50/p99 latency, errors (any non-200 reply or
@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import tempfile
 import threading
 import time
@@ -47,16 +46,11 @@ from tqdm.auto import tqdm
 
 from zoo.data import DataError, corpus_files
 from zoo.pretrained import ZooModel
+from zoo.tools import ports
 from zoo.tools.readme import write_result
-from zoo.tools.serve import (
-    ArchiveOptions,
-    ServerConfig,
-    parse_model_spec,
-    read_keys,
-    resolve_checkpoint,
-    start_server,
-    stop_server,
-)
+from zoo.tools.serve.config import ArchiveOptions, ServerConfig, parse_model_spec, resolve_checkpoint
+from zoo.tools.serve.keys import read_keys
+from zoo.tools.serve.lifecycle import start_server, stop_server
 
 FALLBACK_SENTENCES = ["the company said it expects to report a loss for the third quarter",
                       "stocks rose in early trading as investors bought shares of technology companies",
@@ -75,19 +69,8 @@ def sentences(limit: int = 2000) -> list[str]:
 
 
 def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        while len(socks) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            if s.getsockname()[1] in (8080, 8081, 8082):
-                s.close()
-                continue
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """Ports for one server (not TorchServe's defaults, which another server on the machine may hold)."""
+    return ports.free_ports(n, avoid=ports.TORCHSERVE_DEFAULT_PORTS)
 
 
 def percentile(values: list[float], q: float) -> float:

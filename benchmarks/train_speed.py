@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from zoo.train import Recipe, Trainer
+from zoo.training import Recipe, Trainer
 
 
 def measure(path: str, steps: int, data_dir: str | None, device: str | None) -> dict:

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.ports import free_port
+from zoo.tools.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 OLAH_CLI = REPO / ".venv-olah" / "bin" / "olah-cli"
@@ -67,7 +67,7 @@ def tiny_run(root: Path) -> Path:
     if "run" not in _RUNS:
         import torch
 
-        from zoo.train import Recipe, Trainer
+        from zoo.training import Recipe, Trainer
 
         root.mkdir(parents=True, exist_ok=True)
         data = make_tiny_data(root / "data")

@@ -25,14 +25,19 @@ import torch
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
+import gradio as gr  # noqa: E402
+
 import app  # noqa: E402
 import zoo  # noqa: E402
 from tests.conftest import REPO, TINY_ARCHS, WORDS, tiny_lm, tiny_tokenizer  # noqa: E402
-from tests.ports import free_port  # noqa: E402
 from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
 from zoo.pretrained import ZooModel  # noqa: E402
+from zoo.tools import demo_handlers, demo_ui  # noqa: E402
+from zoo.tools.demo_registry import ModelRegistry, dynamic_stats_of  # noqa: E402
+from zoo.tools.demo_render import DIFFERENCE_SCALE_BITS, SURPRISAL_SCALE_BITS  # noqa: E402
 from zoo.tools.demo_stats import DynamicStats  # noqa: E402
+from zoo.tools.ports import free_port  # noqa: E402
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
@@ -57,7 +62,7 @@ def build_tiny_models(root: Path) -> Path:
                     cell.hyper_beta.copy_(torch.randn(cell.hyper_beta.shape, generator=gen) * 0.3)
         save_checkpoint(root / name, lm, tok, {"name": name, "dataset": "ptb"})
     (root / "tiny-alstm" / "README.md").write_text("---\nlicense: mit\n---\n# tiny-alstm\nAn untrained test model.\n")
-    # a trainer-style log (as zoo.train writes it) from which the Models tab draws the training curve
+    # a trainer-style log (as zoo.training writes it) from which the Models tab draws the training curve
     log = [{"epoch": e, "train_ppl": 900.0 / e, "valid_ppl": 950.0 / e, "lr": 1.0} for e in (1, 2, 3)]
     (root / "tiny-alstm" / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     return root
@@ -71,9 +76,10 @@ def model_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def served(model_root):
     """(client, local_url, registry) of the app launched once for the module."""
-    demo = app.build_demo([model_root])
+    stats = dynamic_stats_of(registry := ModelRegistry([model_root]))
+    demo = demo_ui.build_demo(registry, stats)
     _, url, _ = app.launch(demo, port=free_port(), block=False)
-    assert demo.zoo_dynamic.wait("tiny-alstm", 60)  # its statistics: refused at once (not PTB's vocabulary)
+    assert stats.wait("tiny-alstm", 60)  # its statistics: refused at once (not PTB's vocabulary)
     client = gradio_client.Client(url, verbose=False)
     try:
         yield client, url, app.ModelRegistry([model_root])
@@ -149,7 +155,7 @@ def test_score_matches_library(served, model_root):
     # the colour scale is fixed and stated: the same on every run and every text
     _, _, other = client.predict("the", "tiny-alstm", app.NONE_CHOICE, api_name="/score")
     for h in (heat, other):
-        assert f"{app.SURPRISAL_SCALE_BITS[False]:.1f} bits</span>" in h
+        assert f"{SURPRISAL_SCALE_BITS[False]:.1f} bits</span>" in h
 
 
 def test_compare_two_models_per_token_difference(served, model_root):
@@ -162,7 +168,7 @@ def test_compare_two_models_per_token_difference(served, model_root):
     diff = report["difference_bits"]
     assert diff == pytest.approx([x - y for x, y in zip(a["surprisal_bits"], b["surprisal_bits"], strict=True)])
     assert "model-diff" in heat and heat.count('class="tok"') == 3 * a["num_tokens"]
-    assert f"+{app.DIFFERENCE_SCALE_BITS[False]:.1f} bits</span>" in heat
+    assert f"+{DIFFERENCE_SCALE_BITS[False]:.1f} bits</span>" in heat
     assert "tiny-lstm" in summary and "A − B" in summary
 
 
@@ -202,9 +208,9 @@ def test_adaptation_trace_is_capped_with_a_message(served):
     client, _, _ = served
     text = "the cat sat on the mat\n" * 100  # 700 tokens
     msg, heat, _, data = client.predict(text, "tiny-alstm", api_name="/adaptation")
-    assert data["truncated"] and data["total_tokens"] == 700 and len(data["tokens"]) == app.MAX_TRACE_TOKENS
-    assert f"first {app.MAX_TRACE_TOKENS} of 700 tokens" in data["notice"] and "700 tokens" in msg
-    assert heat.count('class="tok"') == app.MAX_TRACE_TOKENS
+    assert data["truncated"] and data["total_tokens"] == 700 and len(data["tokens"]) == demo_handlers.MAX_TRACE_TOKENS
+    assert f"first {demo_handlers.MAX_TRACE_TOKENS} of 700 tokens" in data["notice"] and "700 tokens" in msg
+    assert heat.count('class="tok"') == demo_handlers.MAX_TRACE_TOKENS
 
 
 def test_model_info(served, model_root):
@@ -263,9 +269,9 @@ def test_bad_input_gives_readable_error(served, endpoint, args, message):
 
 def test_long_input_is_capped_with_a_message(served):
     client, _, _ = served
-    text = ("the cat sat on the mat " * 1200)[: app.MAX_CHARS + 5000]
+    text = ("the cat sat on the mat " * 1200)[: demo_handlers.MAX_CHARS + 5000]
     report, summary, _ = client.predict(text, "tiny-lstm", app.NONE_CHOICE, api_name="/score")
-    assert report["num_chars"] == app.MAX_CHARS
+    assert report["num_chars"] == demo_handlers.MAX_CHARS
     assert "20,000" in report["notice"] and "20,000" in summary
 
 
@@ -350,7 +356,11 @@ def test_model_events_run_two_at_a_time_and_the_queue_refuses_the_seventeenth(tm
 def test_validators_directly(model_root):
     """The handlers' own checks (behind the sliders' bounds) are the service schema's, with the demo's limits,
     and name the parameter."""
-    gen = app.make_handlers(app.ModelRegistry([model_root]))["generate"]
+    registry = app.ModelRegistry([model_root])
+
+    def gen(*args, **kwargs):
+        return demo_handlers.generate(registry, *args, **kwargs)
+
     for kwargs, msg in [({"max_new_tokens": 501}, "max_new_tokens must be an integer between 0 and 500 here"),
                         ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
                         ({"temperature": float("inf")}, "temperature must be a finite number"),
@@ -359,15 +369,16 @@ def test_validators_directly(model_root):
                         ({"top_k": 201}, "top_k must be an integer between 0 and 200"),
                         ({"top_p": 0.0}, r"top_p must be in \(0"),
                         ({"seed": "x"}, "seed must be an integer")]:
-        with pytest.raises(app.gr.Error, match=msg):
+        with pytest.raises(gr.Error, match=msg):
             next(gen("the", "tiny-lstm", **kwargs))
-    with pytest.raises(app.gr.Error, match="surrogate"):
+    with pytest.raises(gr.Error, match="surrogate"):
         next(gen("the \ud800", "tiny-lstm"))
     assert list(gen("the", "tiny-lstm", max_new_tokens=3, temperature=0.0))[0] == ""
-    assert app.clean_text("x" * (app.MAX_CHARS + 30)) == (
-        "x" * app.MAX_CHARS, f"text has {app.MAX_CHARS + 30:,} characters; only the first {app.MAX_CHARS:,} were used.")
-    assert app.LIMITS.max_new_tokens == app.MAX_NEW_TOKENS and app.LIMITS.truncate
-    assert app.LIMITS.max_total_tokens == app.MAX_TOKENS
+    cap = demo_handlers.MAX_CHARS
+    assert demo_handlers.clean_text("x" * (cap + 30)) == (
+        "x" * cap, f"text has {cap + 30:,} characters; only the first {cap:,} were used.")
+    assert demo_handlers.LIMITS.max_new_tokens == demo_handlers.MAX_NEW_TOKENS and demo_handlers.LIMITS.truncate
+    assert demo_handlers.LIMITS.max_total_tokens == demo_handlers.MAX_TOKENS
 
 
 def test_token_cap_reaches_the_demo_as_a_readable_error(model_root, monkeypatch):
@@ -375,9 +386,13 @@ def test_token_cap_reaches_the_demo_as_a_readable_error(model_root, monkeypatch)
     tiny word model gets a small cap to show the path): a one-line gr.Error, not a heatmap of that size."""
     import dataclasses
 
-    monkeypatch.setattr(app, "LIMITS", dataclasses.replace(app.LIMITS, max_total_tokens=50))
-    score = app.make_handlers(app.ModelRegistry([model_root]))["score"]
-    with pytest.raises(app.gr.Error, match="tiny-lstm: texts tokenise to 81 tokens for this model; the limit is 50"):
+    monkeypatch.setattr(demo_handlers, "LIMITS", dataclasses.replace(demo_handlers.LIMITS, max_total_tokens=50))
+    registry = app.ModelRegistry([model_root])
+
+    def score(*args):
+        return demo_handlers.score(registry, None, *args)
+
+    with pytest.raises(gr.Error, match="tiny-lstm: texts tokenise to 81 tokens for this model; the limit is 50"):
         score("the cat " * 40, "tiny-lstm")
     assert score("the cat " * 10, "tiny-lstm")[0]["models"][0]["num_tokens"] == 21
 
@@ -428,11 +443,12 @@ def test_python_app_py_honours_gradio_server_port(model_root):
 
 
 def test_adaptation_tab_offers_adaptive_models_only(model_root):
-    demo = app.build_demo([str(model_root)])
+    registry = ModelRegistry([str(model_root)])
+    demo = demo_ui.build_demo(registry)
     (drop,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "adapt-model"]
     offered = {value for _, value in drop.choices}
     assert "tiny-alstm" in offered and "tiny-lstm" not in offered
-    assert all(demo.zoo_registry.has_adaptation(n) for n in offered)
+    assert all(registry.has_adaptation(n) for n in offered)
 
 
 def test_make_demo_says_what_each_step_does():
@@ -467,8 +483,12 @@ def test_a_model_with_non_finite_weights_is_a_readable_error(tmp_path):
     with torch.no_grad():
         lm.decoder.bias.fill_(float("nan"))
     save_checkpoint(tmp_path / "tiny-nan", lm, tiny_tokenizer(), {"name": "tiny-nan", "dataset": "ptb"})
-    score = app.make_handlers(app.ModelRegistry([tmp_path]))["score"]
-    with pytest.raises(app.gr.Error, match="Could not load model 'tiny-nan': .*tensor 'decoder.bias' has "
+    registry = app.ModelRegistry([tmp_path])
+
+    def score(*args):
+        return demo_handlers.score(registry, None, *args)
+
+    with pytest.raises(gr.Error, match="Could not load model 'tiny-nan': .*tensor 'decoder.bias' has "
                                            "non-finite values"):
         score("the cat sat", "tiny-nan")
 
@@ -502,8 +522,8 @@ def test_only_curve_images_are_served_as_files(served, model_root):
     for name in ("tiny-alstm", "tiny-lstm"):
         for f in ("model.safetensors", "config.json", "vocab.json"):
             assert get(model_root / name / f) in (403, 404), f
-    assert get(app.REPO / "zoo" / "catalog.json") in (403, 404)
-    assert get(app.REPO / "model_cards" / "alstm-ptb-5m-light.eval.json") in (403, 404)
+    assert get(REPO / "zoo" / "catalog.json") in (403, 404)
+    assert get(REPO / "model_cards" / "alstm-ptb-5m-light.eval.json") in (403, 404)
 
 
 def test_busy_port_is_one_line_and_exit_2():
@@ -602,7 +622,7 @@ def test_gradio_routes_a_client_can_misuse_answer_4xx_and_uploads_are_refused(se
 
 
 def capped_text(text: str) -> str:
-    return app.clean_text(text, app.DYNAMIC_LIMITS)[0]
+    return demo_handlers.clean_text(text, demo_handlers.DYNAMIC_LIMITS)[0]
 
 
 def test_a_plain_score_is_not_held_up_by_dynamic_evaluation(tmp_path):
@@ -612,12 +632,13 @@ def test_a_plain_score_is_not_held_up_by_dynamic_evaluation(tmp_path):
     torch.manual_seed(0)
     save_checkpoint(tmp_path / "tiny-sgd", tiny_lm("alstm").eval(), tok,
                     {"name": "tiny-sgd", "dataset": "ptb", "dynamic_eval": {"rule": "sgd"}})
-    demo = app.build_demo([tmp_path])
+    stats = dynamic_stats_of(registry := ModelRegistry([tmp_path]))
+    demo = demo_ui.build_demo(registry, stats)
     _, url, _ = app.launch(demo, port=free_port(), block=False)
     try:
-        assert demo.zoo_dynamic.wait("tiny-sgd", 60) and demo.zoo_dynamic.state["tiny-sgd"] is None
+        assert stats.wait("tiny-sgd", 60) and stats.state["tiny-sgd"] is None
         client = gradio_client.Client(url, verbose=False)
-        long_text = ("the cat sat on the mat a dog ran to the zebra " * 80)[:app.MAX_DYNAMIC_CHARS + 1000]
+        long_text = ("the cat sat on the mat a dog ran to the zebra " * 80)[:demo_handlers.MAX_DYNAMIC_CHARS + 1000]
 
         def plain() -> float:
             t0 = time.perf_counter()
@@ -633,13 +654,13 @@ def test_a_plain_score_is_not_held_up_by_dynamic_evaluation(tmp_path):
         dynamic_s = time.perf_counter() - t0
         # the result says that dynamic evaluation ran, and how far it moved the number from the plain score
         res = report["models"][0]
-        plain_ppl = app._score_one(app.zoo.load(str(tmp_path / "tiny-sgd")), capped_text(long_text))["perplexity"]
+        plain_ppl = demo_handlers.score_one(zoo.load(str(tmp_path / "tiny-sgd")), capped_text(long_text))["perplexity"]
         assert res["dynamic"] and res["static_perplexity"] == pytest.approx(plain_ppl, rel=1e-9)
         assert res["perplexity"] != res["static_perplexity"]  # many 20-token segments: the weights moved
         assert res["dynamic_updates"] == (res["num_tokens"] - 1) // 20 > 0
         assert summary.startswith("**Scored by dynamic evaluation**") and "without it" in summary
-        capped = app.clean_text(long_text, app.DYNAMIC_LIMITS)[0]
-        assert len(capped) <= app.MAX_DYNAMIC_CHARS < len(long_text)
+        capped = demo_handlers.clean_text(long_text, demo_handlers.DYNAMIC_LIMITS)[0]
+        assert len(capped) <= demo_handlers.MAX_DYNAMIC_CHARS < len(long_text)
         assert report["models"][0]["num_tokens"] == len(tok.encode(capped).ids)  # the capped text was scored
         print(f"plain score {alone * 1000:.0f} ms alone, {beside * 1000:.0f} ms beside a dynamic one "
               f"({dynamic_s:.1f} s)")
@@ -663,13 +684,14 @@ def test_dynamic_statistics_of_other_models_are_collected_on_first_use_and_stop_
         assert "being collected" in stats.problem("tiny-later")
         assert stats.wait("tiny-later", 120) and stats.problem("tiny-later") is None
         registry = app.ModelRegistry([tmp_path])
-        first = {n for n, _ in app.dynamic_stats_of(registry).queue}
+        first = {n for n, _ in dynamic_stats_of(registry).queue}
         assert first == {"tiny-later", registry.default} - {None}
     finally:
         stats.stop()
-    demo = app.build_demo([tmp_path])
-    demo.zoo_dynamic.start()
-    proc = demo.zoo_dynamic.proc
+    stats = dynamic_stats_of(registry := ModelRegistry([tmp_path]))
+    demo = demo_ui.build_demo(registry, stats)
+    stats.start()
+    proc = stats.proc
     assert proc is not None and proc.poll() is None
     demo.close()
     assert proc.poll() is not None

@@ -18,8 +18,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import app  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
-from tests.ports import free_port  # noqa: E402
 from tests.test_app import build_tiny_models  # noqa: E402
+from zoo.tools.ports import free_port  # noqa: E402
 
 sync_api = pytest.importorskip("playwright.sync_api")
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from tests.test_train import kill_data, write_recipe  # noqa: F401 (kill_data is a fixture: a small corpus)
 from zoo.tools import ferry, runpack
-from zoo.train import Recipe, Trainer
+from zoo.training import Recipe, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -164,7 +164,7 @@ def test_the_deliver_step_keeps_what_does_not_fit_for_a_later_call(tmp_path):
 def test_the_queue_recipes_build_the_stated_sizes(name, params):
     from zoo.data import load_corpus
     from zoo.lm import LanguageModel
-    from zoo.train import recipe_path
+    from zoo.training import recipe_path
 
     recipe = Recipe.load(recipe_path(name))
     vocab = len(load_corpus(recipe.dataset, None).vocab)  # outside the meta device: the corpus is cached

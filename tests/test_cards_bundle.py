@@ -21,8 +21,9 @@ from tests.olah_fixture import REPO, bundle_into, recipe_file, run_main, tiny_ru
 from zoo.catalog import CATALOG_FILE
 from zoo.cli import main
 from zoo.datasets import DATASETS
+from zoo.files import sha256_file
 from zoo.tools import cards
-from zoo.tools.bundle import BundleError, bundle, catalog_problems, sha256_file
+from zoo.tools.bundle import BundleError, bundle, catalog_problems
 
 
 def tiny_png(path: Path) -> Path:

@@ -226,7 +226,7 @@ def test_torchserve_gets_the_gpu_count_and_workers_their_gpu():
         from handler import worker_device
     finally:
         sys.path.remove(str(REPO / "serving"))
-    from zoo.tools.serve import ServerConfig
+    from zoo.tools.serve.config import ServerConfig
 
     text = string.Template((REPO / "serving" / "config.properties").read_text()).safe_substitute(
         asdict(ServerConfig(gpus=2)))

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from tests.test_train import kill_data, write_recipe, zoo  # noqa: F401 (kill_data is a fixture: a small corpus)
 from zoo.tools import ferry
 from zoo.tools.cards import epoch_devices, pieces_line
-from zoo.train import Recipe, Trainer
+from zoo.training import Recipe, Trainer
 
 
 def test_log8_code_keeps_each_value_within_half_a_step_and_zero_exact():

@@ -69,7 +69,7 @@ def test_lm_training_loss_matches_the_decoder_path_with_tied_weights(variant):
 def test_the_trainer_step_takes_the_fused_path(monkeypatch, tmp_path):
     from tests.conftest import synthetic_corpus
     from tests.test_train import write_recipe
-    from zoo.train import Recipe, Trainer
+    from zoo.training import Recipe, Trainer
 
     calls = []
     original = _fused_loss._LinearCrossEntropy.apply

@@ -30,9 +30,9 @@ from tests.olah_fixture import (
     tiny_run,
     zoo_cli,
 )
-from tests.ports import free_port
 from zoo import hub
 from zoo.tools import cards, publish
+from zoo.tools.ports import free_port
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 

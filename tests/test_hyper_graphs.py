@@ -1,6 +1,6 @@
 """The HyperLSTM's CUDA-graph training step (zoo/captured_step.py) against its eager step.
 
-The captured step is :meth:`zoo.train.Trainer.update` itself, replayed from a graph per BPTT length; nothing in it
+The captured step is :meth:`zoo.training.Trainer.update` itself, replayed from a graph per BPTT length; nothing in it
 is architecture-specific, so the HyperLSTM needs no step of its own, only a forward and backward without host
 synchronisation (``zoo/models/_hyper_fast.py``: its time loop is Python, its masks are drawn on the device, no
 value is read back). These tests check that on a GPU; without one they are skipped (CUDA graphs are CUDA-only:
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.test_train import _steps, tiny_data  # noqa: F401 (tiny_data is a fixture)
-from zoo.train import Recipe, Trainer
+from zoo.training import Recipe, Trainer
 
 NO_CUDA = "no CUDA device: CUDA graphs capture CUDA kernels only (the GPU queue runs this: model_cards/runs/QUEUE.md)"
 

@@ -16,9 +16,10 @@ import pytest
 import requests
 
 from tests.conftest import REPO, real_data
-from tests.ports import free_ports
 from zoo.pretrained import ZooModel, resolve_local
-from zoo.tools.serve import java_version, stop_server
+from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports
+from zoo.tools.serve.launch import java_version
+from zoo.tools.serve.lifecycle import stop_server
 
 openai = pytest.importorskip("openai")
 
@@ -50,7 +51,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Server:
-    run_dir, ports = tmp_path_factory.mktemp("openai") / "run", free_ports(4, avoid=(8080, 8081, 8082))
+    run_dir, ports = tmp_path_factory.mktemp("openai") / "run", free_ports(4, avoid=TORCHSERVE_DEFAULT_PORTS)
     proc = subprocess.run(
         [sys.executable, "-m", "zoo.cli", "serve", "start", NAME, "--run-dir", str(run_dir),
          "--inference-port", str(ports[0]), "--management-port", str(ports[1]), "--metrics-port", str(ports[2]),

@@ -15,7 +15,7 @@ import torch
 from tests.test_train import kill_resume_and_compare, tiny_data, write_recipe  # noqa: F401  (a fixture)
 from zoo.data import PAD_TARGET, pad_batch, sentences
 from zoo.scoring import evaluate_sentences
-from zoo.train import Recipe, Trainer
+from zoo.training import Recipe, Trainer
 
 SENTENCE_MODE = 'mode = "sentences"\nmax_len = 30\ntrain_sentences = 120'
 

@@ -25,13 +25,16 @@ import requests
 import torch
 
 from tests.conftest import REPO, tiny_lm, tiny_tokenizer
-from tests.ports import free_ports
 from zoo.checkpoint import save_checkpoint
 from zoo.cli import main as cli_main
 from zoo.errors import InvalidRequest
 from zoo.pretrained import ModelNotFoundError, ZooModel, resolve_local
 from zoo.service import Limits, parse_body
-from zoo.tools.serve import ArchiveOptions, ServeError, ServerConfig, build_archive, java_version, stop_server
+from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports
+from zoo.tools.serve.archive import build_archive
+from zoo.tools.serve.config import ArchiveOptions, ServeError, ServerConfig
+from zoo.tools.serve.launch import java_version
+from zoo.tools.serve.lifecycle import stop_server
 
 pytestmark = [
     pytest.mark.server,
@@ -40,7 +43,7 @@ pytestmark = [
 
 
 def _ports(n: int) -> list[int]:
-    return free_ports(n, avoid=(8080, 8081, 8082))  # TorchServe's defaults: another test may start one there
+    return free_ports(n, avoid=TORCHSERVE_DEFAULT_PORTS)  # TorchServe's defaults: another test may start one there
 
 
 LIMITS = {"max_texts": 8, "max_chars": 2000, "max_total_chars": 6000, "max_total_tokens": 5000, "max_new_tokens": 64}
@@ -1049,7 +1052,7 @@ def test_stop_by_pid(server, capsys):
     assert code == 0 and "stopped" in out
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    from zoo.tools.supervise import port_free
+    from zoo.tools.ports import port_free
 
     assert all(port_free("127.0.0.1", port) for port in info["ports"].values()), info["ports"]
     assert _cli(capsys, "serve", "status", "--run-dir", str(server.run_dir))[0] == 1
@@ -1082,7 +1085,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def test_start_refuses_a_busy_port(tmp_path):
-    from zoo.tools.serve import start_server
+    from zoo.tools.serve.lifecycle import start_server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -1097,7 +1100,7 @@ def test_start_refuses_a_busy_port(tmp_path):
 
 def test_start_fails_fast_when_the_model_cannot_load(tmp_path):
     """A worker that cannot load its model is retried forever by TorchServe: start reports it and stops."""
-    from zoo.tools.serve import start_server
+    from zoo.tools.serve.lifecycle import start_server
 
     ckpt = _random_tiny_checkpoint(tmp_path / "broken")
     weights = ckpt / "model.safetensors"
@@ -1122,7 +1125,8 @@ def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch,
     This second server also has token authorisation turned off, the explicit opt-in for local demos.
     """
     from zoo.backends import attach_backend
-    from zoo.tools.serve import server_status, start_server
+    from zoo.tools.serve.health import server_status
+    from zoo.tools.serve.lifecycle import start_server
 
     monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))  # any export made here stays in tmp
     ckpt = _random_tiny_checkpoint(tmp_path / "tiny-random")
@@ -1156,7 +1160,7 @@ def test_onnx_backend_is_served_from_the_archive_auth_off(tmp_path, monkeypatch,
 def test_front_door_config_is_valid_haproxy_for_any_run_dir(tmp_path):
     """The rendered haproxy.cfg passes `haproxy -c`, also for a run dir with spaces (its paths are quoted; the
     key maps, which sample expressions name unquoted, live in the socket folder)."""
-    from zoo.tools.front_door import haproxy, render
+    from zoo.tools.serve.front_door import haproxy, render
 
     run_dir = tmp_path / "a run dir" / "with spaces"
     (run_dir / "logs").mkdir(parents=True)

@@ -14,11 +14,15 @@ import psutil
 import pytest
 import requests
 
-from tests.ports import free_ports
 from tests.test_serving import _random_tiny_checkpoint
 from zoo.cli import main as cli_main
-from zoo.tools import supervise
-from zoo.tools.serve import ServerConfig, java_version, read_keys, server_status, start_server, stop_server
+from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports, port_free
+from zoo.tools.serve import supervise
+from zoo.tools.serve.config import ServerConfig
+from zoo.tools.serve.health import server_status
+from zoo.tools.serve.keys import read_keys
+from zoo.tools.serve.launch import java_version
+from zoo.tools.serve.lifecycle import start_server, stop_server
 
 pytestmark = [
     pytest.mark.server,
@@ -89,7 +93,7 @@ def tiny(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("part", ["front door", "TorchServe frontend"])
 def test_a_killed_part_is_named_and_stop_frees_every_port(part, tiny, tmp_path, capsys):
-    run_dir, ports = tmp_path / "run", free_ports(6, avoid=(8080, 8081, 8082))
+    run_dir, ports = tmp_path / "run", free_ports(6, avoid=TORCHSERVE_DEFAULT_PORTS)
     start_server([("tiny", str(tiny))], run_dir, _config(ports), timeout=150)
     try:
         state = json.loads((run_dir / "server.json").read_text())
@@ -112,7 +116,7 @@ def test_a_killed_part_is_named_and_stop_frees_every_port(part, tiny, tmp_path, 
             assert any(psutil.pid_exists(p) for p in pids)  # the worker, orphaned, still holds its group
         stop_server(run_dir)
         assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        assert all(supervise.port_free("127.0.0.1", p) for p in ports[:3] + ports[4:6]), ports
+        assert all(port_free("127.0.0.1", p) for p in ports[:3] + ports[4:6]), ports
         assert _status(capsys, run_dir)[0] == 1
         # and a new server starts on the same ports
         start_server([("tiny", str(tiny))], run_dir, _config(ports), timeout=150)
@@ -128,7 +132,7 @@ def test_a_killed_part_is_named_and_stop_frees_every_port(part, tiny, tmp_path, 
 def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
     """A worker killed mid-stream under load: the stream is cut (an incomplete chunked body), TorchServe restarts
     the worker, and meanwhile status never reports the dead PID as READY."""
-    run_dir, ports = tmp_path / "run", free_ports(6, avoid=(8080, 8081, 8082))
+    run_dir, ports = tmp_path / "run", free_ports(6, avoid=TORCHSERVE_DEFAULT_PORTS)
     start_server([("tiny", str(tiny))], run_dir, _config(ports), timeout=150)
     try:
         old = server_status(run_dir)["models"]["tiny"][0]["pid"]
@@ -168,7 +172,7 @@ def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
 def test_overload_is_a_json_503_with_retry_after(tiny, tmp_path):
     """More requests at once than TorchServe's job queue holds (1 here): the ones that cannot be queued get a JSON
     503 with Retry-After and a message for the client, never TorchServe's "no worker ... scale workers API"."""
-    run_dir, ports = tmp_path / "run", free_ports(6, avoid=(8080, 8081, 8082))
+    run_dir, ports = tmp_path / "run", free_ports(6, avoid=TORCHSERVE_DEFAULT_PORTS)
     cfg = _config(ports)
     cfg.job_queue_size = 1
     start_server([("tiny", str(tiny))], run_dir, cfg, timeout=150)

@@ -146,7 +146,7 @@ def test_bundled_tiers_are_fair_before_any_compute_is_spent():
 
     from zoo.data import load_corpus
     from zoo.lm import LanguageModel
-    from zoo.train import Recipe, recipe_path
+    from zoo.training import Recipe, recipe_path
 
     vocab: dict[str, int] = {}
     for tier_name, tier in tiers.load_tiers().items():

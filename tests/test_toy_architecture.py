@@ -70,7 +70,7 @@ save_dtype = "float32"
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """The toy architecture registered from this module, trained for one epoch on the first lines of PTB."""
-    from zoo.train import Recipe, Trainer
+    from zoo.training import Recipe, Trainer
 
     register_architecture(ArchitectureSpec("toy_elman", ElmanStack, "Elman RNN (toy)", ("elman1990",)),
                           citations={"elman1990": TOY_BIBTEX})

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import synthetic_corpus
-from tests.ports import free_port
-from zoo.train import Recipe, Trainer
+from zoo.tools.ports import free_port
+from zoo.training import Recipe, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,9 +75,15 @@ save_dtype = "float16"
     return path
 
 
-def zoo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "zoo.cli", *args], capture_output=True, text=True, cwd=REPO,
+def zoo(*args: str, env: dict | None = None, module: str = "zoo.cli") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, **(env or {})}, timeout=600)
+
+
+def hooked(*args: str) -> subprocess.CompletedProcess:
+    """``zoo ARGS`` with the test hooks' flags (``tests/train_hooks.py``: crash or signal after N steps, checkpoint
+    every N steps), which the ``zoo`` command itself does not have."""
+    return zoo(*args, module="tests.train_hooks")
 
 
 def test_training_run_writes_logs_best_release_and_eval(tmp_path, tiny_data):
@@ -129,7 +135,7 @@ def kill_resume_and_compare(tmp_path: Path, base: list[str], every: int = 3, aft
     Returns ``b``'s checkpoint tensors and the interrupted process."""
     ok = zoo(*base, "--run-dir", str(tmp_path / "a"))
     assert ok.returncode == 0, ok.stderr[-2000:]
-    crashed = zoo(*base, "--run-dir", str(tmp_path / "b"), "--checkpoint-every-steps", str(every),
+    crashed = hooked(*base, "--run-dir", str(tmp_path / "b"), "--checkpoint-every-steps", str(every),
                   "--crash-after-steps", str(after), "--crash-signal", signal_name, *extra)
     expected = {"KILL": -9, "TERM": 128 + 15, "INT": 128 + 2}[signal_name]
     assert crashed.returncode == expected, crashed.stderr[-2000:]
@@ -262,11 +268,12 @@ def test_unknown_precision_is_a_clear_error(tmp_path, tiny_data):
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
-def torchrun_train(*args: str) -> subprocess.CompletedProcess:
+def torchrun_train(*args: str, module: str = "zoo.cli") -> subprocess.CompletedProcess:
     """``zoo train ARGS`` in 2 gloo processes under torchrun, one thread each; the rendezvous port is a free one
-    (fixed numbers made the tests flaky when an earlier run's port was still in TIME_WAIT)."""
+    (fixed numbers made the tests flaky when an earlier run's port was still in TIME_WAIT). ``module``
+    ``tests.train_hooks`` takes the test hooks' flags too."""
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           str(free_port()), "-m", "zoo.cli", "train", *args, "--device", "cpu"],
+                           str(free_port()), "-m", module, "train", *args, "--device", "cpu"],
                           capture_output=True, text=True, cwd=REPO, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -302,7 +309,7 @@ def test_torchrun_stop_and_resume_restores_every_ranks_carried_state(tmp_path, k
 
     def torchrun(run: str, *extra: str) -> subprocess.CompletedProcess:
         return torchrun_train(str(tmp_path / "r2.toml"), "--data-dir", str(kill_data), "--run-dir", str(tmp_path / run),
-                              *extra)
+                              *extra, module="tests.train_hooks")
 
     whole = torchrun("a")
     assert whole.returncode == 0, whole.stderr[-3000:]
@@ -328,7 +335,7 @@ def test_torchrun_with_dropout_keeps_replicas_in_sync_and_ranks_draw_their_own_m
     """DDP with dropout on (the way real runs train): each rank draws its own masks (seeded from (seed, rank)),
     the replicas still end equal (checked by the trainer, recorded in eval.json), and the process group is torn
     down (the processes exit 0). With dropout the result is not the single-process one, so it is not compared."""
-    from zoo.train import rank_seed
+    from zoo.training import rank_seed
 
     assert len({rank_seed(1, r) for r in (1, 2, 3)}) == 3 and rank_seed(1, 1) != rank_seed(1, 1, step=10)
     recipe = write_recipe(tmp_path / "r.toml", arch="alstm", epochs=1, dropout=0.3)
@@ -339,7 +346,7 @@ def test_torchrun_with_dropout_keeps_replicas_in_sync_and_ranks_draw_their_own_m
 
 
 def test_nonmonotone_trigger():
-    from zoo.train import nonmonotone_trigger
+    from zoo.training import nonmonotone_trigger
 
     hist = [5.0, 4.8, 4.7, 4.75, 4.76, 4.77, 4.78]
     assert not nonmonotone_trigger(hist[:5], 4.9, 5)  # not enough history yet
@@ -355,7 +362,7 @@ def test_nonmonotone_trigger():
 ])
 def test_lr_schedules(train_kw, expected):
     """Zaremba's per-epoch halving after epoch 4; the aLSTM reference's lr cuts after given epochs."""
-    from zoo.train import TrainConfig, Trainer
+    from zoo.training import TrainConfig, Trainer
 
     t = Trainer.__new__(Trainer)
     t.cfg = TrainConfig(**train_kw)
@@ -424,7 +431,7 @@ def test_tensorboard_logging_with_the_jsonl_log_as_record(tmp_path, kill_data):
     recipe = write_recipe(tmp_path / "r.toml", epochs=2)
     base = ["train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--log-to", "tensorboard",
             "--log-every-steps", "5", "--run-dir", str(tmp_path / "run")]
-    stopped = zoo(*base, "--crash-after-steps", "12", "--crash-signal", "TERM")
+    stopped = hooked(*base, "--crash-after-steps", "12", "--crash-signal", "TERM")
     assert stopped.returncode == 128 + 15, stopped.stderr[-2000:]
     done = zoo(*base, "--resume")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -462,7 +469,7 @@ def test_a_plain_train_never_replaces_an_earlier_run(tmp_path, kill_data):
     assert both.returncode == 2 and "exclude each other" in both.stderr
     (run / "notes.txt").write_text("mine")   # not a run product: a restart leaves it alone
     (run / "best" / "stale").write_text("x")
-    restarted = zoo(*base, "--restart", "--crash-after-steps", "3", "--crash-signal", "TERM")
+    restarted = hooked(*base, "--restart", "--crash-after-steps", "3", "--crash-signal", "TERM")
     assert restarted.returncode == 128 + 15, restarted.stderr[-2000:]
     assert not (run / "eval.json").exists() and not (run / "best").exists()
     assert (run / "notes.txt").read_text() == "mine"
@@ -588,7 +595,7 @@ def test_resume_refuses_a_changed_recipe_but_takes_a_new_budget(tmp_path, kill_d
     assert changed.returncode == 2 and len(changed.stderr.strip().splitlines()) == 1, changed.stderr
     assert "the recipe changed since" in changed.stderr and "train.clip, train.lr" in changed.stderr
     recipe.write_text(recipe.read_text().replace("lr = 0.01", "lr = 0.003").replace("clip = 1.0", "clip = 5.0"))
-    stopped = zoo(*base, "--resume", "--epochs", "2", "--crash-after-steps", "3", "--crash-signal", "TERM")
+    stopped = hooked(*base, "--resume", "--epochs", "2", "--crash-after-steps", "3", "--crash-signal", "TERM")
     assert stopped.returncode == 128 + 15, stopped.stderr[-2000:]
     assert not (run / "eval.json").exists()          # a prefix being continued is not finished (bundle, tiers)
     more = zoo(*base, "--resume", "--epochs", "2")   # the budget may change: a sweep prefix continued
@@ -622,8 +629,8 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, k
     recipe.write_text(recipe.read_text().replace("lr = 0.003", "lr = 1e30").replace("clip = 5.0", "clip = 0.0"))
     run = tmp_path / "run"
     # a checkpoint after every step, so that one exists from before the divergence
-    proc = zoo("train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--run-dir", str(run),
-               "--checkpoint-every-steps", "1")
+    proc = hooked("train", str(recipe), "--data-dir", str(kill_data), "--device", "cpu", "--run-dir", str(run),
+                  "--checkpoint-every-steps", "1")
     last = proc.stderr.strip().splitlines()[-1]   # (above it: the progress bar)
     assert proc.returncode == 2 and last.startswith("zoo: error: training diverged at epoch 1"), proc.stderr[-2000:]
     assert "--restart" in last and "Traceback" not in proc.stderr
@@ -686,3 +693,72 @@ def test_an_epoch_line_without_a_finite_train_ppl_is_logged_and_printed(tmp_path
     trainer._log_line({"epoch": 1, "train_loss": 800.0, "train_ppl": None, "valid_ppl": 5.0, "lr": 1.0,
                        "tokens_per_s": 10.0})
     assert "train_ppl" not in json.loads((tmp_path / "run" / "log.jsonl").read_text())
+
+
+PRE_SPLIT = REPO / "tests" / "fixtures" / "pre-split-run"
+
+
+def test_a_checkpoint_written_before_the_training_split_resumes_exactly(tmp_path):
+    """A run stopped mid-epoch by the code before ``zoo/train.py`` became ``zoo.training`` (commit 0d0c6a6,
+    ``tests/fixtures/make_pre_split_run.py``) resumes where it stopped (epoch, data position, step), its log goes on
+    after the old lines, and it ends with the weights and epoch records of an uninterrupted run of today's code,
+    and with the old code's uninterrupted epoch records (bit for bit on the AMD EPYC machine that wrote them; 1e-3
+    allowed, as a CPU with other vector widths rounds the BLAS kernels differently and training carries that on)."""
+    import shutil
+
+    expected = json.loads((PRE_SPLIT / "expected.json").read_text())
+    meta = json.loads((PRE_SPLIT / "run" / "checkpoint" / "meta.json").read_text())
+    assert (meta["epoch"], meta["step"]) == (2, expected["stop_step"]) and 0 < meta["pos"]  # (mid-epoch 2)
+    shutil.copytree(PRE_SPLIT / "run", tmp_path / "run")
+    old_log = (tmp_path / "run" / "log.jsonl").read_bytes()
+    recipe, data = Recipe.load(PRE_SPLIT / "recipe.toml"), str(PRE_SPLIT / "data")
+    resumed = Trainer(recipe, tmp_path / "run", data_dir=data, device="cpu", progress=False).run(resume=True)
+    whole = Trainer(recipe, tmp_path / "whole", data_dir=data, device="cpu", progress=False).run()
+    log_bytes = (tmp_path / "run" / "log.jsonl").read_bytes()
+    assert log_bytes.startswith(old_log)
+    log = [json.loads(x) for x in log_bytes.splitlines()]
+    assert {"event": "resumed", "epoch": 2, "pos": meta["pos"], "step": expected["stop_step"]}.items() <= \
+        next(r for r in log if r.get("event") == "resumed").items()
+    epochs = [r for r in log if "valid_ppl" in r]
+    assert [r["epoch"] for r in epochs] == [1, 2] and all(math.isfinite(r["train_loss"]) for r in epochs)
+    final = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())
+    assert final["step"] == expected["final_step"] > expected["stop_step"]
+    assert_same_weights(tmp_path / "whole", tmp_path / "run")
+    whole_epochs = [r for r in map(json.loads, (tmp_path / "whole" / "log.jsonl").read_text().splitlines())
+                    if "valid_ppl" in r]
+    keys = ("epoch", "train_loss", "valid_loss", "valid_ppl")
+    assert [[r[k] for k in keys] for r in epochs] == [[r[k] for k in keys] for r in whole_epochs]
+    for got, old in zip(epochs, expected["epochs"], strict=True):
+        assert got["epoch"] == old["epoch"]
+        assert [got[k] for k in keys[1:]] == pytest.approx([old[k] for k in keys[1:]], rel=1e-3)
+    assert resumed["test"]["ppl"] == whole["test"]["ppl"] and resumed["epochs_trained"] == 2
+
+
+def test_callbacks_see_every_step_and_may_ask_for_a_checkpoint(tmp_path, kill_data):
+    """The loop's one hook (the tests' crash and checkpoint-every hooks are callbacks: ``tests/train_hooks.py``):
+    each step's :class:`StepEnd` in order, with the run's and this process's step counts, and a checkpoint asked for
+    at a step is written at that step (a resumed process counts its own steps from 1 again)."""
+    from zoo.training import StepEnd
+
+    class Record:
+        def __init__(self) -> None:
+            self.events: list[StepEnd] = []
+            self.meta_at_4: dict = {}
+
+        def on_step_end(self, trainer: Trainer, event: StepEnd) -> None:
+            assert trainer.step == event.step and math.isfinite(event.loss)
+            self.events.append(event)
+            event.checkpoint = event.step == 3
+            if event.step == 4:
+                self.meta_at_4 = json.loads((trainer.ckpt_dir / "meta.json").read_text())
+
+    recipe = Recipe.load(write_recipe(tmp_path / "r.toml", epochs=1))
+    first = Record()
+    Trainer(recipe, tmp_path / "run", data_dir=str(kill_data), progress=False, callbacks=[first]).run()
+    n = len(first.events)
+    assert [(e.step, e.steps_this_process) for e in first.events] == [(s, s) for s in range(1, n + 1)]
+    assert first.meta_at_4["step"] == 3 and n > 4
+    recipe.train.epochs = 2
+    second = Record()
+    Trainer(recipe, tmp_path / "run", data_dir=str(kill_data), progress=False, callbacks=[second]).run(resume=True)
+    assert [(e.step, e.steps_this_process) for e in second.events][:2] == [(n + 1, 1), (n + 2, 2)]

@@ -52,8 +52,9 @@ def test_wheel_holds_the_library_only(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.startswith(("zoo/pretrained/", "zoo/tools/"))]
     assert not [n for n in names if n.endswith((".safetensors", ".png"))]
-    assert {"zoo/__init__.py", "zoo/catalog.json", "zoo/cli.py", "zoo/recipes/alstm-ptb-5m-light.toml",
-            "zoo/models/csrc/alstm_infer.cpp", "alstm_zoo_lm_eval_hook.py", "alstm_zoo_lm_eval_hook.pth"} <= set(names)
+    assert {"zoo/__init__.py", "zoo/catalog.json", "zoo/cli/__init__.py", "zoo/cli/__main__.py",
+            "zoo/recipes/alstm-ptb-5m-light.toml", "zoo/models/csrc/alstm_infer.cpp", "alstm_zoo_lm_eval_hook.py",
+            "alstm_zoo_lm_eval_hook.pth"} <= set(names)
     # the `lm_eval --model zoo` hook at the root of site-packages: its module and .pth as in the checkout tooling's
     # folder (build_py of zoo/tools/wheel_build.py copies them there)
     for name in ("alstm_zoo_lm_eval_hook.py", "alstm_zoo_lm_eval_hook.pth"):

@@ -35,7 +35,8 @@ import torch
 from torch import Tensor
 
 from zoo.errors import BackendError, MissingFileError
-from zoo.export.common import cache_root, exports_root, file_sha256, read_manifest, weights_sha256
+from zoo.export.common import cache_root, exports_root, read_manifest, weights_sha256
+from zoo.files import sha256_file
 
 State = tuple[Tensor, ...]
 
@@ -195,7 +196,7 @@ class BackendSpec:
     requires: str | None = None
     #: TorchServe's handler can run it (the worker loads it from a model archive).
     servable: bool = True
-    #: Loading its files can run code (a TorchScript ``.pt`` is a pickle): then only an export made on this
+    #: Loading its files can run code (TorchScript: see :mod:`zoo.export.torchscript`): then only an export made on this
     #: machine (the exports folder, the export cache) is used, never one that came with a checkpoint or a Hub
     #: snapshot. ONNX graphs are data: a shipped one is used when every file matches its manifest's sha256.
     loads_code: bool = False
@@ -258,7 +259,7 @@ def _usable(directory: Path, backend: str, sha256: str, model_args: dict[str, An
     if verify_files:
         sums = manifest.get("file_sha256")
         return isinstance(sums, dict) and all(
-            f in sums and file_sha256(directory / f) == sums[f] for f in files.values())
+            f in sums and sha256_file(directory / f) == sums[f] for f in files.values())
     return True
 
 

@@ -5,7 +5,7 @@ elementwise kernels, forward and backward; on a GPU the eager step is bound by t
 kernels, not by the GPU running them. A graph replays the whole update (forward, loss, backward, clipping,
 optimiser) with one launch.
 
-What is captured is :meth:`zoo.train.Trainer.update`, the very code the eager step runs (so the two cannot
+What is captured is :meth:`zoo.training.Trainer.update`, the very code the eager step runs (so the two cannot
 drift apart), reading the batch from static input tensors and the carried state from buffers that every graph
 shares; the graph's last kernels copy the new state into those buffers, so the state flows from replay to
 replay as it does eagerly. The learning rate of each graph is baked in at capture (scaled by ``seq_len /

@@ -11,7 +11,6 @@ registry. Writing the catalogue is checkout tooling (``zoo.tools.bundle``); this
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -71,14 +70,6 @@ def canonical_name(name: str) -> str:
             raise ModelNotFoundError("no default model is configured in the catalogue")
         return cat["default"]
     return name
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

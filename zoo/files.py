@@ -10,6 +10,7 @@ so that nothing that lists a folder (bundling, publishing) ships one.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +22,16 @@ def cache_home() -> Path:
     only time."""
     env = os.environ.get("ZOO_CACHE_DIR")
     return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alstm-zoo"
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file's bytes, read 1 MiB at a time (checkpoints and exports are hundreds of MB): the one
+    digest the catalogue's pins, the Hub's verification, export manifests, bundles and ferry packs all compare."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_atomic(path: Path | str, data: str | bytes, *, fsync: bool = False) -> Path:

@@ -38,11 +38,11 @@ from zoo.catalog import (
     canonical_name,
     catalog,
     release,
-    sha256_file,
     unknown_model,
 )
 from zoo.checkpoint import CARD_FILE, TOKENIZER_FILE
 from zoo.errors import ConfigError, HubError, IntegrityError, ModelNotFoundError
+from zoo.files import sha256_file
 
 SOURCES = ("auto", "hub", "bundled")
 EXPORT_FOLDERS = ("onnx", "torchscript")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.files import cache_home, write_atomic
+from zoo.files import cache_home, sha256_file, write_atomic
 from zoo.lm import LanguageModel
 
 #: Bumped when the layout or the I/O contract of the exported files changes.
@@ -71,11 +71,7 @@ def weights_sha256(model: Any) -> str:
     """
     directory = getattr(model, "directory", None)
     if directory is not None and (Path(directory) / "model.safetensors").is_file():
-        h = hashlib.sha256()
-        with open(Path(directory) / "model.safetensors", "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
+        return sha256_file(Path(directory) / "model.safetensors")
     lm: LanguageModel = model.lm if hasattr(model, "lm") else model
     h = hashlib.sha256(json.dumps(lm.config, sort_keys=True).encode())
     for key, value in sorted(lm.state_dict().items()):
@@ -114,9 +110,3 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         return None
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from zoo.checkpoint import TOKENIZER_FILE
-from zoo.export.common import EXAMPLE_BATCH, StepModule, base_manifest, file_sha256, write_manifest
+from zoo.export.common import EXAMPLE_BATCH, StepModule, base_manifest, write_manifest
+from zoo.files import sha256_file
 from zoo.lm import LanguageModel
 
 #: ONNX opset of the exported graphs (the dynamo exporter's default in torch 2.13, pinned for reproducibility).
@@ -229,7 +230,7 @@ def export_onnx(model: Any, out_dir: Path, sha256: str, quantize: str | None = N
         graphs["step_int8"] = (step_q, STEP_INT8_FILE)
         graphs["sequence_int8"] = (seq_q, SEQUENCE_INT8_FILE)
     manifest["files"] = {kind: fname for kind, (_, fname) in graphs.items()}
-    manifest["file_sha256"] = {fname: file_sha256(out_dir / fname) for _, fname in graphs.values()}
+    manifest["file_sha256"] = {fname: sha256_file(out_dir / fname) for _, fname in graphs.values()}
     # what a deployment without torch or the zoo needs besides the graphs (exports/onnx_example.py uses them)
     (out_dir / TOKENIZER_FILE).write_text(json.dumps(model.tokenizer.to_hf_json(), ensure_ascii=False),
                                           encoding="utf-8")

@@ -7,6 +7,12 @@ the time length stays truly dynamic. The state travels as a ``List[Tensor]`` in 
 order. TorchScript is deprecated in favour of ``torch.export`` (PyTorch 2.x documentation);
 it is shipped because TorchServe and libtorch still load it natively.
 
+**The one exception to "nothing is unpickled".** A TorchScript archive is a zip whose code and constants are
+pickled, and ``torch.jit.load`` reads them: loading one can run code. The format requires it, so the zoo loads
+TorchScript here and nowhere else (``load_torchscript``; a ruff banned-API rule, TID251 in ``pyproject.toml``,
+refuses ``torch.jit.load``, ``torch.load`` and ``pickle`` everywhere else), and only archives made on this machine
+(:attr:`zoo.backends.Backend.loads_code`). Weights are safetensors; optimiser state is tensors + JSON.
+
 No ``from __future__ import annotations`` here: TorchScript reads the annotations of the scripted class.
 """
 
@@ -19,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.export.common import EXAMPLE_BATCH, base_manifest, file_sha256, state_shapes, write_manifest
+from zoo.export.common import EXAMPLE_BATCH, base_manifest, state_shapes, write_manifest
+from zoo.files import sha256_file
 from zoo.lm import LanguageModel
 
 TS_FILE = "model.pt"
@@ -93,11 +100,12 @@ def save_torchscript(module: torch.jit.ScriptModule, path: Path, meta: dict[str,
 
 
 def load_torchscript(path: Path) -> tuple[torch.jit.ScriptModule, dict[str, Any]]:
-    """Load an exported module and its embedded metadata (TorchScript archives are not pickles)."""
+    """Load an exported module and its embedded metadata. Unpickles (see the module's docstring): only for an
+    archive this machine exported."""
     extra = {META_NAME: ""}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+        module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)  # noqa: TID251 (the exception)
     return module.eval(), json.loads(extra[META_NAME] or "{}")
 
 
@@ -115,6 +123,6 @@ def export_torchscript(model: Any, out_dir: Path, sha256: str) -> dict[str, Any]
                                      "architecture", "model_name", "export_version")}
     save_torchscript(module, out_dir / TS_FILE, meta)
     manifest["files"] = {"module": TS_FILE}
-    manifest["file_sha256"] = {TS_FILE: file_sha256(out_dir / TS_FILE)}
+    manifest["file_sha256"] = {TS_FILE: sha256_file(out_dir / TS_FILE)}
     write_manifest(out_dir, manifest)
     return manifest

@@ -23,13 +23,14 @@ import shutil
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zoo.catalog import DEFAULT_REVISION, bundled_dir, catalog_path, sha256_file
+from zoo.catalog import DEFAULT_REVISION, bundled_dir, catalog_path
 from zoo.checkpoint import CARD_FILE, CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, WEIGHTS_FILE, hf_fields
 from zoo.errors import ConfigError
-from zoo.files import is_leftover, write_atomic
+from zoo.files import is_leftover, sha256_file, write_atomic
 from zoo.tools import PACKAGE_DIR, REPO
 
 RELEASE_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
@@ -217,39 +218,82 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
     Where ``benchmarks/dynamic_eval.py`` has measured the model (a result in ``results_dir``, default
     ``benchmarks/results``), the settings it chose on validation go into ``config.json`` as ``dynamic_eval``: so
     ``--dynamic`` scores the model as its card and the README's table say it was scored."""
-    from zoo.checkpoint import CheckpointError, load_checkpoint
-    from zoo.tools.cards import build_card, dynamic_runs, release_metrics
-
     run = Path(run_dir)
     ev, log, config = read_run(run)
     name = name or ev["name"]
     if not NAME_RE.match(name):
         raise BundleError(f"invalid model name {name!r}: use lower-case letters, digits, '.', '-' and '_'")
     cat_file, target_root, cards = _places(catalog_file, pretrained_dir, cards_dir)
-    figs = [Path(f) for f in figures]
-    for f in figs:
-        if not f.is_file():
-            raise BundleError(f"{f}: no such figure file")
-        if f.suffix.lower() not in FIGURE_SUFFIXES:
-            raise BundleError(f"{f}: a figure must be one of {', '.join(sorted(FIGURE_SUFFIXES))}")
+    figs = _checked_figures(figures)
     existing = read_catalog(cat_file)["models"].get(name, {})
     repo_id = repo_id or existing.get("repo_id") or f"{DEFAULT_ORG}/{name}"
     if not re.match(r"^[\w.-]+/[\w.-]+$", repo_id):
         raise BundleError(f"invalid Hub repo id {repo_id!r} (expected ORG/NAME)")
-    revision = revision or existing.get("revision") or DEFAULT_REVISION
-    reference = find_reference(ev, recipe_path)
-    metrics = release_metrics(ev)
-
+    release = _Release(name, run, ev, log, config, repo_id=repo_id,
+                       revision=revision or existing.get("revision") or DEFAULT_REVISION, license=license,
+                       reference=find_reference(ev, recipe_path), figures=figs, cards=cards,
+                       results_dir=Path(results_dir) if results_dir else REPO / "benchmarks" / "results")
     target_root.mkdir(parents=True, exist_ok=True)
     stage = target_root / f".{name}.partial{os.getpid()}"
     if stage.exists():
         shutil.rmtree(stage)
     stage.mkdir()
     try:
+        card = release.stage(stage)
+        files = file_records(stage)
+        total = bundled_bytes(target_root, without=name) + sum(r["size"] for r in files.values())
+        if total > MAX_BUNDLE_BYTES:
+            raise BundleError(f"the bundled zoo would be {total / 1e6:.1f} MB with {name}, over its "
+                              f"{MAX_BUNDLE_BYTES / 1e6:.0f} MB cap: retire a model first (zoo bundle --retire NAME)")
+        entry = release.catalog_entry(files)
+        final = _swap_in(stage, target_root / name, cat_file, name, entry, default)
+    finally:
+        if stage.exists():
+            shutil.rmtree(stage)
+    release.keep_records(card)
+    return dict(entry, directory=str(final), card=str(cards / f"{name}.md"))
+
+
+def _checked_figures(figures: Sequence[str | os.PathLike]) -> list[Path]:
+    figs = [Path(f) for f in figures]
+    for f in figs:
+        if not f.is_file():
+            raise BundleError(f"{f}: no such figure file")
+        if f.suffix.lower() not in FIGURE_SUFFIXES:
+            raise BundleError(f"{f}: a figure must be one of {', '.join(sorted(FIGURE_SUFFIXES))}")
+    return figs
+
+
+@dataclass
+class _Release:
+    """One run on its way into the bundle: what :func:`bundle` stages, records in the catalogue and keeps."""
+    name: str
+    run: Path
+    ev: dict[str, Any]
+    log: list[dict[str, Any]]
+    config: dict[str, Any]
+    repo_id: str
+    revision: str
+    license: str
+    reference: dict[str, Any] | None
+    figures: list[Path]
+    cards: Path
+    results_dir: Path
+
+    @property
+    def figure_names(self) -> list[str]:
+        return [_figure_name(self.name, f) for f in self.figures]
+
+    def stage(self, stage: Path) -> str:
+        """Write the release files, the config (with the measured dynamic-evaluation settings), the tokenizer,
+        the figures and the card into ``stage``; returns the card."""
+        from zoo.checkpoint import CheckpointError, load_checkpoint
+        from zoo.tools.cards import build_card, dynamic_runs, release_metrics
+
         for f in (VOCAB_FILE, WEIGHTS_FILE):
-            shutil.copyfile(run / "release" / f, stage / f)
-        config = dict(config, name=name, metrics=metrics, **hf_fields())
-        dynamic = dynamic_runs(Path(results_dir) if results_dir else REPO / "benchmarks" / "results").get(name)
+            shutil.copyfile(self.run / "release" / f, stage / f)
+        config = dict(self.config, name=self.name, metrics=release_metrics(self.ev), **hf_fields())
+        dynamic = dynamic_runs(self.results_dir).get(self.name)
         config.pop("dynamic_eval", None)  # (a refresh starts from the bundled config: the result decides anew)
         if dynamic:
             config["dynamic_eval"] = dynamic["chosen"]
@@ -260,74 +304,71 @@ def bundle(run_dir: str | os.PathLike, name: str | None = None, *, default: bool
             raise BundleError(f"the release checkpoint does not load: {e}") from None
         # written here rather than copied, so that runs made before tokenizer.json existed ship one too
         (stage / TOKENIZER_FILE).write_text(json.dumps(tokenizer.to_hf_json(), ensure_ascii=False), encoding="utf-8")
-        fig_names = []
-        for f in figs:
-            fig_names.append(_figure_name(name, f))
-            shutil.copyfile(f, stage / fig_names[-1])
+        for f, fig_name in zip(self.figures, self.figure_names, strict=True):
+            shutil.copyfile(f, stage / fig_name)
         sizes = {f: (stage / f).stat().st_size for f in RELEASE_FILES}
-        card = build_card(name, ev, log, config, repo_id=repo_id, revision=revision, license=license,
-                          figures=fig_names, reference=reference, file_sizes=sizes,
-                          comparisons=tier_reports(cards, ev["name"]), dynamic=dynamic)
+        card = build_card(self.name, self.ev, self.log, config, repo_id=self.repo_id, revision=self.revision,
+                          license=self.license, figures=self.figure_names, reference=self.reference,
+                          file_sizes=sizes, comparisons=tier_reports(self.cards, self.ev["name"]), dynamic=dynamic)
         (stage / CARD_FILE).write_text(card, encoding="utf-8")
-        files = file_records(stage)
-        total = bundled_bytes(target_root, without=name) + sum(r["size"] for r in files.values())
-        if total > MAX_BUNDLE_BYTES:
-            raise BundleError(f"the bundled zoo would be {total / 1e6:.1f} MB with {name}, over its "
-                              f"{MAX_BUNDLE_BYTES / 1e6:.0f} MB cap: retire a model first (zoo bundle --retire NAME)")
-        rel = ev.get("release") or {}
-        entry = {
+        return card
+
+    def catalog_entry(self, files: dict[str, Any]) -> dict[str, Any]:
+        from zoo.tools.cards import release_metrics
+
+        ev, train = self.ev, self.ev["recipe"].get("train", {})
+        return {
             "architecture": ev["architecture"], "dataset": ev["dataset"],
             "description": ev["recipe"].get("description") or f"{ev['architecture']} trained on {ev['dataset']}",
-            "num_parameters": ev["num_parameters"], "metrics": metrics, "repo_id": repo_id, "revision": revision,
-            "files": files, "dtype": rel.get("dtype", "float32"),
+            "num_parameters": ev["num_parameters"], "metrics": release_metrics(ev), "repo_id": self.repo_id,
+            "revision": self.revision, "files": files, "dtype": (ev.get("release") or {}).get("dtype", "float32"),
             "training": {"epochs": ev["epochs_trained"], "best_epoch": ev["best_epoch"],
                          "train_seconds": ev["train_seconds"], "device": ev.get("device"),
-                         "world_size": ev.get("world_size", 1),
-                         "precision": ev["recipe"].get("train", {}).get("precision", "fp32"),
+                         "world_size": ev.get("world_size", 1), "precision": train.get("precision", "fp32"),
                          # "sentences": trained and scored on single lines from a zero state, not one carried stream
-                         "mode": ev["recipe"].get("train", {}).get("mode", "stream")},
-            "reference": reference,
+                         "mode": train.get("mode", "stream")},
+            "reference": self.reference,
         }
 
-        def change(cat: dict[str, Any]) -> None:
-            cat["models"][name] = entry
-            if default:
-                cat["default"] = name
+    def keep_records(self, card: str) -> None:
+        """The card, and the evaluation files the card and the catalogue were made from, kept beside the card so
+        that every published number can be traced (and re-checked by the tests) on a fresh clone, without the
+        run dir."""
+        cards, name = self.cards, self.name
+        cards.mkdir(parents=True, exist_ok=True)
+        (cards / f"{name}.md").write_text(card, encoding="utf-8")
+        for src, suffix in (("eval.json", ".eval.json"), ("log.jsonl", ".log.jsonl")):
+            if (self.run / src).is_file():
+                shutil.copyfile(self.run / src, cards / f"{name}{suffix}")
+            # a run recorded as "trained here, not bundled" (model_cards/runs/) is bundled now: one copy, one place
+            (cards / "runs" / f"{name}{suffix}").unlink(missing_ok=True)
+        for f, fig_name in zip(self.figures, self.figure_names, strict=True):
+            if f.resolve() != (cards / fig_name).resolve():
+                shutil.copyfile(f, cards / fig_name)
 
-        # The folder and its catalogue entry (whose file hashes loading checks) change together: the entry is
-        # written right after the swap, and a failure to write it puts the old folder back.
-        final = target_root / name
-        old = target_root / f".{name}.old{os.getpid()}"
-        if final.exists():
-            os.replace(final, old)
-        os.replace(stage, final)
-        try:
-            update_catalog(cat_file, change)
-        except BaseException:
-            os.replace(final, stage)
-            if old.exists():
-                os.replace(old, final)
-            raise
+
+def _swap_in(stage: Path, final: Path, cat_file: Path, name: str, entry: dict[str, Any], default: bool) -> Path:
+    """Put the staged folder in place and its catalogue entry (whose file hashes loading checks) with it: the
+    entry is written right after the swap, and a failure to write it puts the old folder back."""
+    def change(cat: dict[str, Any]) -> None:
+        cat["models"][name] = entry
+        if default:
+            cat["default"] = name
+
+    old = final.parent / f".{name}.old{os.getpid()}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(stage, final)
+    try:
+        update_catalog(cat_file, change)
+    except BaseException:
+        os.replace(final, stage)
         if old.exists():
-            shutil.rmtree(old)
-    finally:
-        if stage.exists():
-            shutil.rmtree(stage)
-
-    cards.mkdir(parents=True, exist_ok=True)
-    (cards / f"{name}.md").write_text(card, encoding="utf-8")
-    # The evaluation files the card and the catalogue were made from, kept beside the card so that every
-    # published number can be traced (and re-checked by the tests) on a fresh clone, without the run dir.
-    for src, suffix in (("eval.json", ".eval.json"), ("log.jsonl", ".log.jsonl")):
-        if (run / src).is_file():
-            shutil.copyfile(run / src, cards / f"{name}{suffix}")
-        # a run recorded as "trained here, not bundled" (model_cards/runs/) is bundled now: one copy, one place
-        (cards / "runs" / f"{name}{suffix}").unlink(missing_ok=True)
-    for f, fig_name in zip(figs, fig_names, strict=True):
-        if f.resolve() != (cards / fig_name).resolve():
-            shutil.copyfile(f, cards / fig_name)
-
-    return dict(entry, directory=str(final), card=str(cards / f"{name}.md"))
+            os.replace(old, final)
+        raise
+    if old.exists():
+        shutil.rmtree(old)
+    return final
 
 
 def retire(name: str, *, pretrained_dir: str | os.PathLike | None = None,

@@ -14,13 +14,15 @@ from __future__ import annotations
 import json
 import math
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zoo.datasets import get_dataset
+from zoo.formatting import format_number
 from zoo.registry import CITATIONS, get_spec
 from zoo.tools import PACKAGE_DIR
-from zoo.train import STREAM_ONLY, first_selectable_epoch
+from zoo.training import STREAM_ONLY, first_selectable_epoch
 
 LIBRARY = "alstm-zoo"
 RECIPES_DIR = PACKAGE_DIR / "recipes"
@@ -149,10 +151,6 @@ def has_numbers(reference: dict[str, Any] | None) -> bool:
     return bool(reference) and any(k in reference for k in ("valid", "test"))
 
 
-def _fmt(v: float, digits: int = 2) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
-
-
 # -- the card --------------------------------------------------------------------------------------------------
 def card_data(name: str, ev: dict[str, Any], license: str = "mit", tags: list[str] | None = None,
               dynamic: dict[str, Any] | None = None):
@@ -248,61 +246,111 @@ def epoch_devices(log: list[dict[str, Any]], finished_on: str | None = None) -> 
     return spans
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What every section of a card reads about the run: named once, so each section is a short function."""
+    name: str
+    ev: dict[str, Any]
+    log: list[dict[str, Any]]
+    config: dict[str, Any]
+
+    @property
+    def ds(self) -> Any:
+        return get_dataset(self.ev["dataset"])
+
+    @property
+    def train(self) -> dict[str, Any]:
+        return self.ev["recipe"].get("train", {})
+
+    @property
+    def sentence_mode(self) -> bool:
+        return self.train.get("mode") == "sentences"
+
+    @property
+    def symbols(self) -> str:
+        return "characters" if self.ds.char_level else "tokens"
+
+    @property
+    def release(self) -> dict[str, Any]:
+        return self.ev.get("release") or {"dtype": "float32", "valid": self.ev["valid"], "test": self.ev["test"]}
+
+    @property
+    def epochs(self) -> list[dict[str, Any]]:
+        return [r for r in self.log if "valid_ppl" in r and "epoch" in r]
+
+
 def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict[str, Any], *, repo_id: str,
           revision: str, license: str, figures: list[str], reference: dict[str, Any] | None,
           file_sizes: dict[str, int], comparisons: list[dict[str, Any]], dynamic: dict[str, Any] | None) -> str:
-    ds = get_dataset(ev["dataset"])
-    recipe = ev["recipe"]
-    arch = ev["architecture"]
-    rel = ev.get("release") or {"dtype": "float32", "valid": ev["valid"], "test": ev["test"]}
-    dtype = rel.get("dtype", "float32")
-    margs = config.get("model_args", {})
-    aargs = margs.get("arch_args", {})
-    tok = config.get("tokenizer", {})
-    metric = primary_metric(ev["dataset"])
-    epochs = [r for r in log if "valid_ppl" in r and "epoch" in r]
-    title = get_spec(arch).title
+    """The card's markdown: the template ``CARD_TEMPLATE`` filled section by section."""
+    run = _Run(name, ev, log, config)
+    title = get_spec(ev["architecture"]).title
+    desc = ev["recipe"].get("description") or ""
     f: dict[str, str] = {"name": name}
-    train = recipe.get("train", {})
-    sentence_mode = train.get("mode") == "sentences"
-    max_len = train.get("max_len")
-    symbols = "characters" if ds.char_level else "tokens"
+    f["intro"] = (f"{'An' if title[0] in 'aeiouAEIL' else 'A'} {title} language model trained on {run.ds.title}, "
+                  f"from the `{LIBRARY}` model zoo. {desc}").rstrip()
+    f["results_table"] = _results_table(run, reference)
+    f["comparisons"] = "".join(comparison_section(rep, ev["name"]) + "\n" for rep in comparisons)
+    f["usage"] = _usage(run)
+    f["command_line"] = (f"Command line: `zoo score {name} --text \"...\"`, `zoo generate {name} --prompt \"...\"`, "
+                         f"`zoo eval {name} --dataset {ev['dataset']}`. From the Hub: `zoo download {name}` "
+                         f"(repository `{repo_id}`, revision `{revision}`; every file is checked against the sha256 "
+                         "in the zoo's catalogue).")
+    f["details"] = _details(run, title, file_sizes)
+    f["training"] = _training(run)
+    f.update(_recipe_sections(run, reference))
+    f["figures"] = "".join(f"![Training curve of {name}]({fig})\n\n" for fig in figures)
+    f["training_log"] = _training_log(run)
+    f["results_intro"] = (
+        "Results of the shipped weights on the standard splits, every line scored as a single sentence from a zero "
+        "state (the setting it was trained in; see *Evaluation* below). Lower is better." if run.sentence_mode else
+        "Corpus-level results of the shipped weights on the standard splits (stateful evaluation, see *Evaluation* "
+        "below). Lower is better.")
+    f["evaluation"] = _evaluation(run) + (_dynamic_evaluation(run, dynamic) if dynamic else "")
+    f["storage"] = _storage(run)
+    f["limitations"] = _limitations(run, reference, license)
+    f["bibtex"] = "\n\n".join(CITATIONS[k] for k in citation_keys(ev["architecture"], ev["recipe"]))
+    return string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(f)
 
-    desc = recipe.get("description") or ""
-    f["intro"] = (f"{'An' if title[0] in 'aeiouAEIL' else 'A'} {title} language model trained on {ds.title}, from "
-                  f"the `{LIBRARY}` model zoo. {desc}").rstrip()
 
+def _results_table(run: _Run, reference: dict[str, Any] | None) -> str:
+    """The shipped weights' numbers (and float32's before a cast), beside the published reference."""
+    rel, ev = run.release, run.ev
+    dtype = rel.get("dtype", "float32")
     rows = [f"| perplexity ({dtype} weights, as shipped) | {rel['valid']['ppl']:.3f} | {rel['test']['ppl']:.3f} |"]
-    if ds.char_level:
+    if run.ds.char_level:
         rows.append(f"| bits per character ({dtype}, as shipped) | {rel['valid']['bits_per_token']:.4f} | "
                     f"{rel['test']['bits_per_token']:.4f} |")
     if dtype != "float32":
         rows.append(f"| perplexity (float32, before the cast) | {ev['valid']['ppl']:.3f} | {ev['test']['ppl']:.3f} |")
     if has_numbers(reference):
-        unit = reference.get("metric", metric)
+        unit = reference.get("metric", primary_metric(ev["dataset"]))
         digits = 3 if unit == "bits_per_char" else 2   # the papers give bpc to 3 decimals
-        rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | "
-                    f"{_fmt(reference.get('valid'), digits)} | {_fmt(reference.get('test'), digits)} |")
-    f["results_table"] = "| | valid | test |\n|---|---:|---:|\n" + "\n".join(rows)
-    f["comparisons"] = "".join(comparison_section(rep, ev["name"]) + "\n" for rep in comparisons)
+        valid, test = (format_number(reference.get(split), digits) for split in ("valid", "test"))
+        rows.append(f"| published reference ({unit}): {reference.get('source', 'see recipe')} | {valid} | {test} |")
+    return "| | valid | test |\n|---|---:|---:|\n" + "\n".join(rows)
 
-    f["usage"] = ("```python\nimport zoo\n\n"
-                  f'model = zoo.load("{name}")\n'
-                  f'report = model.score("{ds.example_text}")\n'
-                  f'print(report.texts[0]["{"bits_per_token" if ds.char_level else "ppl"}"])'
-                  f'{"  # bits per predicted symbol: the bpc above" if ds.char_level else ""}\n'
-                  f'print(model.generate("{ds.example_prompt}", max_new_tokens=20, seed=0))\n```')
-    if sentence_mode:
-        f["usage"] += (f"\n\nThis model scores **single sentences**, the setting it was trained in: pass one sentence "
-                       f"per text (each text is scored on its own from a zero state; in training it never saw more "
-                       f"than {max_len} {symbols} in a row).")
-    f["command_line"] = (f"Command line: `zoo score {name} --text \"...\"`, `zoo generate {name} --prompt \"...\"`, "
-                         f"`zoo eval {name} --dataset {ev['dataset']}`. From the Hub: `zoo download {name}` "
-                         f"(repository `{repo_id}`, revision `{revision}`; every file is checked against the sha256 "
-                         "in the zoo's catalogue).")
 
-    details = [f"- Architecture: `{arch}` ({title})",
-               f"- Parameters: {ev['num_parameters']:,}",
+def _usage(run: _Run) -> str:
+    ds, char = run.ds, run.ds.char_level
+    usage = ("```python\nimport zoo\n\n"
+             f'model = zoo.load("{run.name}")\n'
+             f'report = model.score("{ds.example_text}")\n'
+             f'print(report.texts[0]["{"bits_per_token" if char else "ppl"}"])'
+             f'{"  # bits per predicted symbol: the bpc above" if char else ""}\n'
+             f'print(model.generate("{ds.example_prompt}", max_new_tokens=20, seed=0))\n```')
+    if run.sentence_mode:
+        usage += (f"\n\nThis model scores **single sentences**, the setting it was trained in: pass one sentence "
+                  f"per text (each text is scored on its own from a zero state; in training it never saw more "
+                  f"than {run.train.get('max_len')} {run.symbols} in a row).")
+    return usage
+
+
+def _details(run: _Run, title: str, file_sizes: dict[str, int]) -> str:
+    margs = run.config.get("model_args", {})
+    aargs, tok = margs.get("arch_args", {}), run.config.get("tokenizer", {})
+    details = [f"- Architecture: `{run.ev['architecture']}` ({title})",
+               f"- Parameters: {run.ev['num_parameters']:,}",
                f"- Vocabulary: {margs.get('vocab_size', 'n/a'):,} tokens, normalisation `{tok.get('normalization')}`"
                if isinstance(margs.get("vocab_size"), int) else "- Vocabulary: see vocab.json",
                f"- Embedding size {margs.get('emb_size')}, tied input/output embeddings: "
@@ -311,100 +359,119 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
     if file_sizes:
         details.append("- Files: " + ", ".join(f"`{n}` ({s / 1e6:.2f} MB)" if s >= 1e5 else f"`{n}` ({s:,} B)"
                                                for n, s in sorted(file_sizes.items())))
-    f["details"] = "\n".join(details)
+    return "\n".join(details)
 
+
+def _training(run: _Run) -> str:
+    ev, train, ds = run.ev, run.train, run.ds
     world = ev.get("world_size", 1)
     sample = (f"a fixed random sample of {train['train_sentences']:,} lines" if train.get("train_sentences")
               else "every line")
-    data = (f"{ds.title}, train split as single sentences ({sample}, each truncated to its first {max_len} "
-            f"{symbols}, from a zero state, in padded and masked batches of {train.get('batch_size')})"
-            if sentence_mode else f"{ds.title}, train split")
-    training = [f"- Data: {data}; model selection on the validation split; {held_out_line(log)}",
+    data = (f"{ds.title}, train split as single sentences ({sample}, each truncated to its first "
+            f"{train.get('max_len')} {run.symbols}, from a zero state, in padded and masked batches of "
+            f"{train.get('batch_size')})" if run.sentence_mode else f"{ds.title}, train split")
+    training = [f"- Data: {data}; model selection on the validation split; {held_out_line(run.log)}",
                 f"- Hardware: {short_device(ev.get('device', 'n/a'))}, {world} process{'es' if world != 1 else ''}; "
                 f"compute precision {train.get('precision', 'fp32')}",
                 f"- Training time: {format_duration(ev['train_seconds'])} ({ev['train_seconds']:.0f} s of training "
                 f"steps, evaluation excluded) over {ev['epochs_trained']} epochs (recipe: {train.get('epochs')}); "
                 f"best validation at epoch {ev['best_epoch']}"]
     # total tokens / total time, not the mean of the epochs' rates (a slow epoch weighs by how long it took)
-    timed = [(r["tokens_per_s"], r["seconds"]) for r in epochs if r.get("tokens_per_s") and r.get("seconds")]
+    timed = [(r["tokens_per_s"], r["seconds"]) for r in run.epochs if r.get("tokens_per_s") and r.get("seconds")]
     if timed:
         rate = sum(tps * sec for tps, sec in timed) / sum(sec for _, sec in timed)
         training.append(f"- Throughput: {rate:,.0f} training tokens/s (all epochs' tokens / their time)")
-    if (pieces := pieces_line(log, ev.get("device"))) is not None:
+    if (pieces := pieces_line(run.log, ev.get("device"))) is not None:
         training.append(pieces)
-    f["training"] = "\n".join(training)
-    rname = recipe.get("name", name)
-    f["recipe_where"] = (f"`zoo train {rname}` (the recipe file `zoo/recipes/{rname}.toml`)"
-                         if (RECIPES_DIR / f"{rname}.toml").is_file()
-                         else "`zoo train recipe.toml` with this recipe saved as `recipe.toml`")
+    return "\n".join(training)
+
+
+def _recipe_sections(run: _Run, reference: dict[str, Any] | None) -> dict[str, str]:
+    """Where the recipe lives and the recipe itself, as the run recorded it."""
+    recipe = run.ev["recipe"]
+    rname = recipe.get("name", run.name)
+    where = (f"`zoo train {rname}` (the recipe file `zoo/recipes/{rname}.toml`)"
+             if (RECIPES_DIR / f"{rname}.toml").is_file()
+             else "`zoo train recipe.toml` with this recipe saved as `recipe.toml`")
     # the [reference] shown is the one the card compares with (see bundle.find_reference): publication
     # metadata that may have been corrected since the run recorded its copy, and is not a hyper-parameter
     shown = {k: v for k, v in recipe.items() if k != "reference"} | ({"reference": reference} if reference else {})
-    if sentence_mode:  # the run records every option; the stream protocol's are inert here and would mislead
+    if run.sentence_mode:  # the run records every option; the stream protocol's are inert here and would mislead
         shown["train"] = {k: v for k, v in shown.get("train", {}).items() if k not in STREAM_ONLY}
-    f["recipe_toml"] = to_toml(shown)
-    f["figures"] = "".join(f"![Training curve of {name}]({fig})\n\n" for fig in figures)
-    f["training_log"] = ""
-    if epochs:
-        unit = "bpc" if ds.char_level else "ppl"   # a character model's log in bits per character
+    return {"recipe_where": where, "recipe_toml": to_toml(shown)}
 
-        def shown(r: dict[str, Any], split: str) -> str:
-            if not ds.char_level:
-                return _fmt(r.get(f"{split}_ppl"))
-            return _fmt(r[f"{split}_loss"] / math.log(2), 3) if f"{split}_loss" in r else ""
 
-        lines = [f"| epoch | train {unit} | valid {unit} | lr | seconds | optimizer |",
-                 "|---:|---:|---:|---:|---:|---|"]
-        for r in epochs:
-            lines.append(f"| {r['epoch']}{' *' if r.get('best') else ''} | {shown(r, 'train')} | "
-                         f"{shown(r, 'valid')} | {r.get('lr', float('nan')):.4g} | "
-                         f"{_fmt(r.get('seconds'), 0)} | {r.get('optimizer', '')} |")
-        f["training_log"] = ("Training log (from `log.jsonl`):\n\n" + "\n".join(lines)
-                             + "\n\n`*`: a new best validation loss (checkpoint kept).\n\n")
+def _training_log(run: _Run) -> str:
+    if not run.epochs:
+        return ""
+    char = run.ds.char_level
+    unit = "bpc" if char else "ppl"   # a character model's log in bits per character
 
-    f["results_intro"] = (
-        "Results of the shipped weights on the standard splits, every line scored as a single sentence from a zero "
-        "state (the setting it was trained in; see *Evaluation* below). Lower is better." if sentence_mode else
-        "Corpus-level results of the shipped weights on the standard splits (stateful evaluation, see *Evaluation* "
-        "below). Lower is better.")
+    def shown(r: dict[str, Any], split: str) -> str:
+        if not char:
+            return format_number(r.get(f"{split}_ppl"))
+        return format_number(r[f"{split}_loss"] / math.log(2), 3) if f"{split}_loss" in r else ""
+
+    lines = [f"| epoch | train {unit} | valid {unit} | lr | seconds | optimizer |",
+             "|---:|---:|---:|---:|---:|---|"]
+    for r in run.epochs:
+        lines.append(f"| {r['epoch']}{' *' if r.get('best') else ''} | {shown(r, 'train')} | "
+                     f"{shown(r, 'valid')} | {r.get('lr', float('nan')):.4g} | "
+                     f"{format_number(r.get('seconds'), 0)} | {r.get('optimizer', '')} |")
+    return ("Training log (from `log.jsonl`):\n\n" + "\n".join(lines)
+            + "\n\n`*`: a new best validation loss (checkpoint kept).\n\n")
+
+
+def _evaluation(run: _Run) -> str:
+    """The protocol the results were measured with, and the command that reproduces them."""
+    ev, valid, test = run.ev, run.ev["valid"], run.ev["test"]
     protocol = (
         f"Single-sentence protocol, the setting this model was trained in: every non-empty line of a split is its own "
-        f"sequence `<eos> t_1 ... t_n <eos>`, truncated to its first {max_len} {symbols} (a truncated line has no "
-        f"closing `<eos>`), scored from a zero state. Counted: exactly the predicted symbols, i.e. every symbol after "
-        f"the leading `<eos>`, plus the closing `<eos>` of a line that was not truncated; padding never counts. "
-        f"Valid: {ev['valid'].get('num_sequences', 0):,} sentences, {ev['valid'].get('num_tokens'):,} predictions; "
-        f"test: {ev['test'].get('num_sequences', 0):,} sentences, {ev['test'].get('num_tokens'):,} predictions. "
-        if sentence_mode else
+        f"sequence `<eos> t_1 ... t_n <eos>`, truncated to its first {run.train.get('max_len')} {run.symbols} (a "
+        f"truncated line has no closing `<eos>`), scored from a zero state. Counted: exactly the predicted symbols, "
+        f"i.e. every symbol after the leading `<eos>`, plus the closing `<eos>` of a line that was not truncated; "
+        f"padding never counts. Valid: {valid.get('num_sequences', 0):,} sentences, {valid.get('num_tokens'):,} "
+        f"predictions; test: {test.get('num_sequences', 0):,} sentences, {test.get('num_tokens'):,} predictions. "
+        if run.sentence_mode else
         f"Standard stateful protocol: each split is one token stream cut into batch columns; the state is carried "
-        f"across {ev['valid'].get('bptt')}-token chunks and every next-token prediction is counted once. Valid: batch "
-        f"size {ev['valid'].get('batch_size')}, {ev['valid'].get('num_tokens'):,} predictions; test: batch size "
-        f"{ev['test'].get('batch_size')}, {ev['test'].get('num_tokens'):,} predictions. ")
-    f["evaluation"] = (
-        protocol
-        + ("Bits per character = bits per token (each token is one character, `_` the word boundary, plus "
-           "`<eos>`). " if ds.char_level else "")
-        + f"Reproduce with `zoo eval {name} --dataset {ev['dataset']} --split test --batch-size "
-        f"{ev['test'].get('batch_size')}`.")
-    if dynamic:
-        c, d = dynamic["chosen"], dynamic["dynamic"]
-        f["evaluation"] += (
-            f"\n\nDynamic evaluation (the weights adapt to the text as it is scored, each segment scored before the "
-            f"step that uses it; `zoo/dynamic.py`): test perplexity {d['test']['ppl']:.2f} against "
-            f"{dynamic['static']['test']['ppl']:.2f} static in the same run (batch 1), validation "
-            f"{d['valid']['ppl']:.2f} against {dynamic['static']['valid']['ppl']:.2f} (batch 1 too: the static "
-            f"validation number above is at batch {ev['valid'].get('batch_size')}). Its settings were chosen on "
-            f"validation only and ship in `config.json` "
-            f"(`dynamic_eval`: rule `{c['rule']}`, segment {c['segment']}, lr {c['lr']:g}, decay {c['decay']:g}), "
-            f"so `zoo eval {name} --dataset {ev['dataset']} --split test --dynamic` uses them (source: "
-            f"`benchmarks/results/{dynamic['file']}`).")
+        f"across {valid.get('bptt')}-token chunks and every next-token prediction is counted once. Valid: batch "
+        f"size {valid.get('batch_size')}, {valid.get('num_tokens'):,} predictions; test: batch size "
+        f"{test.get('batch_size')}, {test.get('num_tokens'):,} predictions. ")
+    return (protocol
+            + ("Bits per character = bits per token (each token is one character, `_` the word boundary, plus "
+               "`<eos>`). " if run.ds.char_level else "")
+            + f"Reproduce with `zoo eval {run.name} --dataset {ev['dataset']} --split test --batch-size "
+            f"{test.get('batch_size')}`.")
+
+
+def _dynamic_evaluation(run: _Run, dynamic: dict[str, Any]) -> str:
+    c, d, static = dynamic["chosen"], dynamic["dynamic"], dynamic["static"]
+    return (
+        f"\n\nDynamic evaluation (the weights adapt to the text as it is scored, each segment scored before the "
+        f"step that uses it; `zoo/dynamic.py`): test perplexity {d['test']['ppl']:.2f} against "
+        f"{static['test']['ppl']:.2f} static in the same run (batch 1), validation "
+        f"{d['valid']['ppl']:.2f} against {static['valid']['ppl']:.2f} (batch 1 too: the static "
+        f"validation number above is at batch {run.ev['valid'].get('batch_size')}). Its settings were chosen on "
+        f"validation only and ship in `config.json` "
+        f"(`dynamic_eval`: rule `{c['rule']}`, segment {c['segment']}, lr {c['lr']:g}, decay {c['decay']:g}), "
+        f"so `zoo eval {run.name} --dataset {run.ev['dataset']} --split test --dynamic` uses them (source: "
+        f"`benchmarks/results/{dynamic['file']}`).")
+
+
+def _storage(run: _Run) -> str:
+    rel, ev = run.release, run.ev
+    dtype = rel.get("dtype", "float32")
     if dtype == "float32":
-        f["storage"] = "Weights are stored in float32."
-    else:
-        f["storage"] = (f"Weights are stored in {dtype} (half the size) and computed in float32 after loading. "
-                        f"Measured effect of the cast: valid perplexity {ev['valid']['ppl']:.4f} -> "
-                        f"{rel['valid']['ppl']:.4f} ({rel.get('valid_ppl_change', 0.0):+.4%}), test perplexity "
-                        f"{ev['test']['ppl']:.4f} -> {rel['test']['ppl']:.4f} "
-                        f"({rel.get('test_ppl_change', 0.0):+.4%}).")
+        return "Weights are stored in float32."
+    return (f"Weights are stored in {dtype} (half the size) and computed in float32 after loading. "
+            f"Measured effect of the cast: valid perplexity {ev['valid']['ppl']:.4f} -> "
+            f"{rel['valid']['ppl']:.4f} ({rel.get('valid_ppl_change', 0.0):+.4%}), test perplexity "
+            f"{ev['test']['ppl']:.4f} -> {rel['test']['ppl']:.4f} "
+            f"({rel.get('test_ppl_change', 0.0):+.4%}).")
+
+
+def _limitations(run: _Run, reference: dict[str, Any] | None, license: str) -> str:
+    ds = run.ds
     lim = [f"- Trained only on {ds.title}: {ds.text_source}"
            " with that benchmark's preprocessing. Text outside it scores poorly: "
            + ("characters outside the 50-symbol alphabet are unknown." if ds.char_level else
@@ -421,9 +488,7 @@ def _body(name: str, ev: dict[str, Any], log: list[dict[str, Any]], config: dict
         lim.append(f"- The published reference ({source}) comes from the paper's own setting"
                    + (": it is not matched to this run where its source says so" if "not " in source and
                       "matched" in source else "") + "; the recipe above is this run's complete configuration.")
-    f["limitations"] = "\n".join(lim)
-    f["bibtex"] = "\n\n".join(CITATIONS[k] for k in citation_keys(arch, recipe))
-    return string.Template(CARD_TEMPLATE.read_text(encoding="utf-8")).substitute(f)
+    return "\n".join(lim)
 
 
 def comparison_section(report: dict[str, Any], run_name: str) -> str:
@@ -486,8 +551,8 @@ def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, 
         tr = m.get("training", {})
         digits = 3 if met.get("metric") == "bits_per_char" else 2
         ref = m.get("reference") or {}
-        ref_txt = (f"{_fmt(ref.get('valid'), digits)} / {_fmt(ref.get('test'), digits)} ({ref.get('source', '')})"
-                   if has_numbers(ref) else ref.get("source", ""))
+        ref_valid, ref_test = (format_number(ref.get(split), digits) for split in ("valid", "test"))
+        ref_txt = f"{ref_valid} / {ref_test} ({ref.get('source', '')})" if has_numbers(ref) else ref.get("source", "")
         # a sentence-level model's numbers are over single lines from a zero state: not comparable with a stream's
         data = m.get("dataset", "") + (", single sentences" if tr.get("mode") == "sentences" else "")
         flag = " (default)" if name == cat.get("default") else ""
@@ -496,7 +561,8 @@ def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, 
         where = f" ({short_device(tr['device'])}, {tr.get('precision', 'fp32')})" if tr.get("device") else ""
         lines.append(f"| `{name}`{flag} | {m.get('architecture', '')} | {m.get('num_parameters', 0) / 1e6:.2f}M | "
                      f"{data} | {tr.get('epochs', '')} | "
-                     f"{format_duration(secs) if secs is not None else ''}{where} | {_fmt(met.get('valid'), digits)} | "
-                     f"{_fmt(met.get('test'), digits)} | {_fmt(dynamic[name], digits) if name in dynamic else ''} | "
+                     f"{format_duration(secs) if secs is not None else ''}{where} | "
+                     f"{format_number(met.get('valid'), digits)} | {format_number(met.get('test'), digits)} | "
+                     f"{format_number(dynamic[name], digits) if name in dynamic else ''} | "
                      f"{met.get('metric', '')} | {ref_txt} |")
     return "\n".join(lines) + "\n"

@@ -7,7 +7,7 @@ from __future__ import annotations
 def add(subparsers) -> None:
     from zoo.tools.bundle import add_cli as add_bundle
     from zoo.tools.publish import add_cli as add_publish
-    from zoo.tools.serve import add as add_serve
+    from zoo.tools.serve.cli import add as add_serve
 
     add_serve(subparsers)
     add_bundle(subparsers)

@@ -1,6 +1,7 @@
-"""The demo's rendering (``app.py`` holds its layout and event handlers): training curves, the surprisal heat
-map of a scored text, the summary table of one or two models and the adaptation figure. Pure functions of their
-inputs (plus the curve images written under :func:`curves_dir`), so they are tested without a browser."""
+"""The demo's rendering (its tabs are :mod:`zoo.tools.demo_ui`, its endpoints :mod:`zoo.tools.demo_handlers`):
+training curves, the surprisal heat map of a scored text, the summary table of one or two models and the adaptation
+figure. Pure functions of their inputs (plus the curve images written under :func:`curves_dir`), so they are tested
+without a browser."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import atexit
 import hashlib
 import html
 import json
-import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from zoo.adaptation import AdaptationTrace
+from zoo.formatting import format_number
 from zoo.tools.plots import label_log_axis
 
 _CURVES: list[Path] = []
@@ -33,7 +34,7 @@ def curves_dir() -> Path:
     return _CURVES[0]
 
 
-#: Loaded models kept in memory (least recently used is dropped).
+#: The heat maps' colour stops: YlOrRd for surprisal; blue-white-red for differences.
 SEQ_STOPS = [(255, 255, 255), (255, 237, 160), (254, 178, 76), (240, 59, 32), (128, 0, 38)]
 DIV_STOPS = [(33, 102, 172), (146, 197, 222), (255, 255, 255), (244, 165, 130), (178, 24, 43)]
 
@@ -72,7 +73,8 @@ def render_curve(log_file: Path, name: str) -> str | None:
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
-    return f"{value:.{digits}f}" if isinstance(value, int | float) and math.isfinite(value) else "–"
+    """The demo's placeholder for a missing number is a dash."""
+    return format_number(value, digits, missing="–")
 
 
 # -- rendering ----------------------------------------------------------------------------------------------

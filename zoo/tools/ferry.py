@@ -37,7 +37,6 @@ can say the run crossed machines. The parts carry a manifest with every part's S
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import math
@@ -55,8 +54,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save, save_file
 
 from zoo.errors import ZooError
-from zoo.files import write_atomic
-from zoo.train import run_lock
+from zoo.files import sha256_file, write_atomic
+from zoo.training import run_lock
 
 MiB = 1 << 20
 #: The device tool's return: 8 files of 16 MiB, 64 MiB in all (the manifest, the parts, gpu_piece.sh's log and
@@ -93,14 +92,6 @@ def decode_log8(q: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     scale = (hi - lo) / LEVELS if hi > lo else 1.0
     v = torch.exp2(lo + (q.float() - 1) * scale)
     return torch.where(q > 0, v, torch.zeros_like(v))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(MiB), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _half(name: str, v: torch.Tensor) -> torch.Tensor:
@@ -179,7 +170,7 @@ def _pack(run_dir: Path, out_dir: Path) -> dict[str, Any]:
             for i in range(math.ceil(size / PART_BYTES)):
                 name = f"ferry.part{i:02d}"
                 (out_dir / name).write_bytes(f.read(PART_BYTES))
-                parts.append({"name": name, "sha256": _sha256(out_dir / name)})
+                parts.append({"name": name, "sha256": sha256_file(out_dir / name)})
     machine = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.uname().machine})"
     manifest = {"run": run_dir.name, "from": machine, "epoch": meta["epoch"], "pos": meta["pos"], "step": meta["step"],
                 "bytes": size,
@@ -215,7 +206,7 @@ def check_parts(parts_dir: Path) -> dict[str, Any]:
         raise FerryError(f"{parts_dir} holds no {MANIFEST}: not a pack")
     manifest = json.loads((parts_dir / MANIFEST).read_text())
     for p in manifest["parts"]:
-        if _sha256(parts_dir / p["name"]) != p["sha256"]:
+        if sha256_file(parts_dir / p["name"]) != p["sha256"]:
             raise FerryError(f"{parts_dir / p['name']} does not match its SHA-256 in the manifest")
     return manifest
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo.tools import ferry, runpack
-from zoo.train import Recipe, recipe_path
+from zoo.training import Recipe, recipe_path
 
 #: The device tool's return (``$OUT``): 8 files, 64 MiB in all; one file is piece.json.
 RETURN_FILES, RETURN_BYTES = 8, 64 * ferry.MiB

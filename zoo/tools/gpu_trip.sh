@@ -28,7 +28,7 @@ case $what in
   out)
     rm -rf .devrun/data .devrun/ferry && mkdir -p .devrun/data .devrun/ferry
     for name in "$@"; do
-      dataset=$($py -c "import sys; from zoo.train import Recipe, recipe_path; print(Recipe.load(recipe_path(sys.argv[1])).dataset)" "$name")
+      dataset=$($py -c "import sys; from zoo.training import Recipe, recipe_path; print(Recipe.load(recipe_path(sys.argv[1])).dataset)" "$name")
       [ -d ".devrun/data/$dataset" ] || cp -r "${ZOO_DATA_DIR:-../shared/data}/$dataset" .devrun/data/  # (a dataset's name is its folder)
     done
     carry=${CARRY-$*}  # whose packs go (default: every NAME; CARRY="" none): one 17M pack fills a call

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from zoo.catalog import DEFAULT_REVISION, Release, bundled_dir, canonical_name, catalog, catalog_path, sha256_file
+from zoo.catalog import DEFAULT_REVISION, Release, bundled_dir, canonical_name, catalog, catalog_path
 from zoo.errors import ConfigError, HubError, ModelNotFoundError
 from zoo.export.common import exports_root, read_manifest
-from zoo.files import is_leftover
+from zoo.files import is_leftover, sha256_file
 from zoo.hub import EXPORT_FOLDERS, _reason, hub_endpoint, verify_files
 from zoo.tools.bundle import update_catalog
 

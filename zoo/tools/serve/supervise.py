@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
+
+from zoo.tools.ports import port_free
 
 
 def record(pid: int) -> dict[str, Any]:
@@ -99,19 +100,6 @@ def end_all(state: dict[str, Any], timeout: float = 30.0) -> int:
             pass
     psutil.wait_procs(left, timeout=10)
     return len(order)
-
-
-def port_free(host: str, port: int) -> bool:
-    """Whether nothing listens on ``port``. SO_REUSEADDR as the servers bind, so connections of a server just
-    stopped, left in TIME_WAIT, do not count (a stop then start would otherwise fail for a minute)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def held_ports(state: dict[str, Any]) -> dict[str, int]:

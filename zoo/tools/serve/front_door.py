@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from zoo.errors import ConfigError
+from zoo.tools import REPO
 
-HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "serving" / "haproxy.cfg"
+HAPROXY_TEMPLATE = REPO / "serving" / "haproxy.cfg"
 #: a client key: 256 bits from the OS's CSPRNG (URL-safe base64, 43 characters)
 KEY_BYTES = 32
 #: the grammar a request head must match before HTTP parsing (RFC 9112: token method, origin-form target, HTTP/1.x,
