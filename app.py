@@ -45,7 +45,7 @@ from zoo.tools.demo_guard import GuardRoutes  # noqa: E402
 from zoo.tools.demo_handlers import NONE_CHOICE  # noqa: E402, F401  (the "Compare with" box's none, for clients)
 from zoo.tools.demo_registry import ModelRegistry  # noqa: E402
 from zoo.tools.demo_render import curves_dir  # noqa: E402
-from zoo.tools.demo_ui import CSS, QUEUE_SIZE, ZooDemo  # noqa: E402, F401  (QUEUE_SIZE: the queue's test)
+from zoo.tools.demo_ui import CSS, ZooDemo  # noqa: E402
 from zoo.tools.ports import port_free  # noqa: E402
 
 
