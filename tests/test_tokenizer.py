@@ -6,8 +6,17 @@ import unicodedata
 
 import pytest
 
+from tests.conftest import real_data
 from zoo.data import load_corpus
 from zoo.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _real_corpora() -> None:
+    """Every test here checks the tokenizer against the real corpora's vocabularies and text: without them, skip
+    saying which is missing (rather than an error per fixture)."""
+    for dataset in ("ptb", "wikitext-2", "ptb-char"):
+        real_data(dataset)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.conftest import real_data
 from zoo.catalog import bundled_dir, catalog
 from zoo.checkpoint import TOKENIZER_FILE, load_tokenizer, read_config
 from zoo.data import SPLITS, corpus_files, load_corpus
@@ -30,6 +31,7 @@ def test_tokenizer_json_gives_the_zoo_ids_on_the_corpus_splits(name):
     hf = tokenizers.Tokenizer.from_file(str(folder / TOKENIZER_FILE))
     assert hf.get_vocab_size() == len(zoo_tok)
     dataset = config["dataset"]
+    real_data(dataset)
     corpus = load_corpus(dataset)
     for split, path in corpus_files(dataset).items():
         lines = path.read_text(encoding="utf-8").splitlines()
