@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import real_data
 from tests.test_train import kill_data, write_recipe  # noqa: F401 (kill_data is a fixture: a small corpus)
 from zoo.tools import ferry, runpack
 from zoo.training import Recipe, Trainer
@@ -167,6 +168,7 @@ def test_the_queue_recipes_build_the_stated_sizes(name, params):
     from zoo.training import recipe_path
 
     recipe = Recipe.load(recipe_path(name))
+    real_data(recipe.dataset)
     vocab = len(load_corpus(recipe.dataset, None).vocab)  # outside the meta device: the corpus is cached
     with torch.device("meta"):   # (sizes only: no memory, no initialisation)
         model = LanguageModel(vocab_size=vocab, **recipe.model)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import real_data
 from zoo.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -243,6 +244,7 @@ def test_zoo_eval_defaults_reproduce_the_card(tmp_path):
     reproduces the catalogue's test number to 0.01% (the README's command; it used to default to batch 10)."""
     cat = json.loads((REPO / "zoo" / "catalog.json").read_text())
     expected = cat["models"][cat["default"]]["metrics"]["test"]
+    real_data("ptb")
     proc = subprocess.run([sys.executable, "-m", "zoo.cli", "eval", "default", "--json"], capture_output=True,
                           text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

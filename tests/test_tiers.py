@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from tests.conftest import real_data
 from zoo.tools import readme, tiers
 
 TIERS = {
@@ -151,6 +152,7 @@ def test_bundled_tiers_are_fair_before_any_compute_is_spent():
     vocab: dict[str, int] = {}
     for tier_name, tier in tiers.load_tiers().items():
         ds = tier["dataset"]
+        real_data(ds)
         vocab.setdefault(ds, len(load_corpus(ds).vocab))
         counts, optim = {}, {}
         for role, recipes in tier["roles"].items():
