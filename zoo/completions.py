@@ -41,7 +41,7 @@ import torch
 
 from zoo.device import device_of
 from zoo.errors import InvalidRequest, RequestTooLarge, ZooError
-from zoo.generation import MAX_TEMPERATURE, Detokenizer, Sampler, SamplingParams, prompt_context
+from zoo.generation import MAX_TEMPERATURE, Detokenizer, Sampler, SamplingParams, generate_steps, prompt_context
 from zoo.tokenizer import EOS, Tokenizer
 from zoo.validate import as_bool, as_float, as_int, check_text, json_type, surrogate_position
 
@@ -354,27 +354,21 @@ class CompletionRun:
             choice.text_offset = offsets
 
     def _generate(self, choice: Choice, prompt: Prompt, ctx: list[int], state: Any) -> Iterator[None]:
-        req, tok, runner = self.request, self.model.tokenizer, self.model.runner
+        """The tokens after the prompt, from :func:`zoo.generation.generate_steps` (the one loop and sampling rule)
+        and spaced by :class:`~zoo.generation.Detokenizer` after the prompt's text; here only their report and the
+        stop sequences."""
+        req, tok = self.request, self.model.tokenizer
         choice.finish_reason = "length"
         if req.max_tokens == 0:
             return
-        sampler = Sampler(tok, req.sampling, list(ctx))
-        pieces = Detokenizer(tok)
         shown = prompt.text if prompt.text is not None else "".join(map(Detokenizer(tok).piece, prompt.ids))
-        lead = " " if (not tok.is_char and shown and not shown[-1].isspace()) else ""
+        pieces = Detokenizer(tok, before=shown)
         generated = ""
-        device = device_of(runner)
-        token = torch.tensor([ctx[-1]], dtype=torch.long, device=device)
         base = len(choice.text)
-        for _ in range(req.max_tokens):
-            logits, state = runner.step(token, state)
-            row = logits[0].float().cpu()  # (sampled on the CPU by its seeded generator, as sample_steps does)
-            nxt = sampler.choose(row)
-            piece = pieces.piece(nxt)
-            if not generated and piece != "\n":
-                piece = lead + piece
+        for nxt, row in generate_steps(self.model.runner, Sampler(tok, req.sampling, list(ctx)), state,
+                                       req.max_tokens):
             offset = base + len(generated)
-            generated += piece
+            generated += pieces.piece(nxt)
             choice.completion_tokens += 1
             if req.logprobs is not None:
                 self._report(choice, row[None], [nxt])
@@ -386,7 +380,6 @@ class CompletionRun:
                 self._trim(choice, base + cut)
                 return
             choice.text = choice.text[:base] + generated
-            token = torch.tensor([nxt], dtype=torch.long, device=device)
             yield
 
     @staticmethod

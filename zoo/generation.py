@@ -102,9 +102,11 @@ def read_context_steps(runner, ids: list[int], vocab_size: int,
 
 
 class Sampler:
-    """The sampling rule, written once for every caller that draws tokens one at a time (``sample_steps`` here, the
-    OpenAI-compatible completions of :mod:`zoo.completions`): the seeded generator, the ``<unk>`` rules and the
-    greedy / temperature / top-k / top-p choice, so the same seed gives the same tokens on every route."""
+    """The sampling rule, written once for every caller that draws tokens (:func:`generate_steps`, the one loop, which
+    the native route, the OpenAI-compatible completions and the lm-eval plugin all run): the seeded generator, the
+    ``<unk>`` rules and the greedy / temperature / top-k / top-p choice, so the same seed gives the same tokens on
+    every route. ``context`` is the ids read so far (the ``<unk>`` spelling rule looks at its end); each chosen id
+    is appended to it."""
 
     def __init__(self, tokenizer: Tokenizer, params: SamplingParams, context: list[int]):
         self.tokenizer, self.params, self.context = tokenizer, params, context
@@ -141,6 +143,21 @@ def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams
 
 
 @torch.no_grad()
+def generate_steps(runner, sampler: Sampler, state: tuple[Tensor, ...], limit: int
+                   ) -> Iterator[tuple[int, Tensor]]:
+    """The one generation loop: from ``state``, the state after all of ``sampler.context`` but its last id, step that
+    id, choose the next (:meth:`Sampler.choose`), step it, and so on, ``limit`` times. Yields each chosen id with the
+    float32 CPU logits it was drawn from (for a route that reports log-probabilities); stopping early (``<eos>``,
+    a stop string) is the caller's, by not asking for more."""
+    device = device_of(runner)
+    token = sampler.context[-1]
+    for _ in range(limit):
+        logits, state = runner.step(torch.tensor([token], dtype=torch.long, device=device), state)
+        row = logits[0].float().cpu()  # (sampled on the CPU, by its seeded generator, on any device)
+        token = sampler.choose(row)
+        yield token, row
+
+
 def sample_steps(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams,
                  prompt_piece: int | None = None) -> Iterator[int | None]:
     """:func:`sample_ids`, with a ``None`` after each piece of at most ``prompt_piece`` prompt tokens read: a
@@ -152,30 +169,28 @@ def sample_steps(runner, tokenizer: Tokenizer, prompt: str, params: SamplingPara
         state = run_steps(reading)
     else:
         state = yield from reading
-    device = device_of(runner)
-    token = torch.tensor([context[-1]], dtype=torch.long, device=device)
-    for _ in range(params.max_new_tokens):
-        logits, state = runner.step(token, state)
-        nxt = sampler.choose(logits[0].float().cpu())  # (sampled on the CPU, by its seeded generator, on any device)
+    for nxt, _ in generate_steps(runner, sampler, state, params.max_new_tokens):
         if params.stop_at_eos and nxt == tokenizer.eos_id:
             return
         yield nxt
-        token = torch.tensor([nxt], dtype=torch.long, device=device)
 
 
 class Detokenizer:
-    """Token ids to display pieces whose concatenation is the text: a word model puts a space before a word that
-    does not start the text or a line; ``<eos>`` is a line break, a character model's ``_`` a space."""
+    """Token ids to display pieces whose concatenation is the text, by the one spacing rule: a word model puts a
+    space before a word unless what precedes it (the pieces so far, else ``before``: the text they follow, empty
+    at the start of a text) is empty or ends in white space; ``<eos>`` is a line break, a character model's ``_`` a
+    space, and a character model's pieces are joined as they are."""
 
-    def __init__(self, tokenizer: Tokenizer, at_start: bool = True):
+    def __init__(self, tokenizer: Tokenizer, before: str = ""):
         self.tokenizer = tokenizer
-        self.at_line_start = at_start
+        self.spaced = bool(before) and not before[-1].isspace()  # whether a word here needs a space in front
 
     def piece(self, idx: int) -> str:
         piece = self.tokenizer.token_text(idx)
-        if not self.tokenizer.is_char and piece != "\n" and not self.at_line_start:
+        if not self.tokenizer.is_char and piece != "\n" and self.spaced:
             piece = " " + piece
-        self.at_line_start = piece == "\n"
+        if piece:
+            self.spaced = not piece[-1].isspace()
         return piece
 
 

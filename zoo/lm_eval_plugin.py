@@ -41,7 +41,6 @@ means for harness tasks.
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -52,7 +51,7 @@ import torch
 import zoo
 from zoo.data import DATASETS, resolve_data_dir
 from zoo.errors import DataError, ZooError
-from zoo.generation import MIN_TEMPERATURE, read_context
+from zoo.generation import MIN_TEMPERATURE, Detokenizer, Sampler, SamplingParams, generate_steps, read_context
 from zoo.scoring import LOGIT_BUDGET  # logits held at once (floats): bounds memory for any length
 
 try:
@@ -215,11 +214,12 @@ class ZooLM(LM):
             out.append(text)
         return out
 
-    @torch.no_grad()
     def _generate(self, context: str, until: str | Iterable[str] | None = None, max_gen_toks: int | None = None,
                   max_new_tokens: int | None = None, do_sample: bool = False, temperature: float | None = None,
                   top_k: int = 0, top_p: float = 1.0, seed: int | None = None, **ignored: Any) -> str:
-        """The generated text after ``context``, cut before the earliest ``until`` string."""
+        """The generated text after ``context``, cut before the earliest ``until`` string. The loop, the sampling
+        rule and the spacing are the zoo's own (:func:`zoo.generation.generate_steps`, :class:`~zoo.generation.
+        Sampler`, :class:`~zoo.generation.Detokenizer`); here only the harness's arguments and stop strings."""
         if ignored:
             log.info("generation settings not used by zoo models: %s", sorted(ignored))
         stops = [s for s in ([until] if isinstance(until, str) else (until or ())) if s]  # "" would stop at once
@@ -227,44 +227,18 @@ class ZooLM(LM):
         temp = float(temperature if temperature is not None else 1.0) if do_sample else 0.0
         if 0 < temp < MIN_TEMPERATURE:  # logits / temp would overflow to inf and the sampler fail: greedy
             temp = 0.0
-        gen = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+        params = SamplingParams(max_new_tokens=0, temperature=temp, top_k=max(0, int(top_k)), top_p=float(top_p),
+                                seed=seed)  # (the length is ``limit``, which may exceed the library's own cap)
         runner, tok = self.model.runner, self.model.tokenizer
         ids = [tok.eos_id, *self._ids(context)]
         state = read_context(runner, ids[:-1], len(tok))  # a long few-shot context in pieces, state carried
-        last, text = ids[-1], ""
-        for _ in range(limit):
-            logits, state = runner.step(torch.tensor([last], dtype=torch.long, device=self._device), state)
-            last = _pick(logits[0].float().cpu(), temp, int(top_k), float(top_p), gen)
-            text += self._piece(last, context, text)
+        pieces, text = Detokenizer(tok, before=context), ""
+        for idx, _ in generate_steps(runner, Sampler(tok, params, ids), state, limit):
+            text += pieces.piece(idx)
             hits = [i for i in (text.find(s) for s in stops) if i >= 0]
             if hits:
                 return text[:min(hits)]
         return text
-
-    def _piece(self, idx: int, context: str, text: str) -> str:
-        """A generated token as text: words are separated by a space (none after a line break, nor at the start
-        when the context ends in whitespace), ``<eos>`` is a newline, characters are joined as they are."""
-        piece = self.model.tokenizer.token_text(idx)
-        if self.model.tokenizer.is_char or piece == "\n":
-            return piece
-        before = text or context
-        return piece if not before or before[-1].isspace() else " " + piece
-
-
-def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-          gen: torch.Generator | None) -> int:
-    """Greedy at temperature 0; else a sample from the temperature-scaled, top-k / top-p filtered distribution."""
-    if temperature <= 0:
-        return int(torch.argmax(logits))
-    logits = logits / temperature
-    if 0 < top_k < logits.numel():
-        logits = logits.masked_fill(logits < torch.topk(logits, top_k).values[-1], -math.inf)
-    if top_p < 1.0:
-        probs, order = torch.sort(torch.softmax(logits, -1), descending=True)
-        drop = probs.cumsum(0) - probs >= top_p
-        drop[0] = False
-        logits[order[drop]] = -math.inf
-    return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
 
 
 # -- task data ---------------------------------------------------------------------------------------------------
