@@ -1,9 +1,9 @@
 """What the largest request the server's token budgets allow costs: the figure the defaults are sized by.
 
-:class:`zoo.service.Limits` bounds a score request by its tokens (``max_total_tokens``) and a generate request by
+:class:`zoo.api.service.Limits` bounds a score request by its tokens (``max_total_tokens``) and a generate request by
 prompt tokens + ``max_new_tokens`` (``max_generate_tokens``), so that no single valid request holds a worker for
 long (target: about 2 s of one core on the default model). This times, on one thread, through the same service
-core the server runs (:meth:`zoo.service.Service.score_steps` / :meth:`~zoo.service.Service.stream_steps`, the
+core the server runs (:meth:`zoo.api.service.Service.score_steps` / :meth:`~zoo.api.service.Service.stream_steps`, the
 scheduler's step size), the costliest requests within the default limits:
 
 * score, one text at the character cap (one row: the costliest tokens, each a sequential step);
@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 import zoo
+from zoo.api.scheduler import STEP_TOKENS
+from zoo.api.service import GenerateRequest, Limits, Service, parse_request
 from zoo.data import corpus_files
-from zoo.scheduler import STEP_TOKENS
 from zoo.scoring import run_steps
-from zoo.service import GenerateRequest, Limits, Service, parse_request
 from zoo.tools.readme import write_result
 
 

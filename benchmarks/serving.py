@@ -218,7 +218,7 @@ def fairness_scenarios(model: ZooModel, texts: list[str]) -> dict[str, tuple[dic
     sys.path.insert(0, str(Path(__file__).parent))
     from request_cost import requests_at_the_limits, words_of_test_split
 
-    from zoo.service import Limits, Service
+    from zoo.api.service import Limits, Service
 
     limits = Limits()
     largest = requests_at_the_limits(Service(model, limits), limits, words_of_test_split())

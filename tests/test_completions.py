@@ -1,4 +1,4 @@
-"""The OpenAI-compatible completions schema and its numbers (zoo/completions.py), without a server: every field's
+"""The OpenAI-compatible completions schema and its numbers (zoo/api/completions.py), without a server: every field's
 rules, the exactness of echoed log-probabilities against ``zoo score``, sampling equal to the native route's, stop
 sequences, streaming equal to the whole reply. The real server and real clients: tests/test_openai_api.py."""
 
@@ -11,16 +11,11 @@ import pytest
 import torch
 
 from tests.conftest import TINY_ARCHS, tiny_lm, tiny_tokenizer
-from zoo.completions import (
-    MAX_LOGPROBS,
-    CompletionRun,
-    ModelNotServed,
-    error_of,
-    parse_completion,
-)
-from zoo.errors import InvalidRequest, RequestTooLarge
+from zoo.api.completions import MAX_LOGPROBS, CompletionRun, parse_completion
+from zoo.api.http import openai_error_of
+from zoo.api.service import Limits
+from zoo.errors import InvalidRequest, ModelNotServed, RequestTooLarge
 from zoo.pretrained import ZooModel
-from zoo.service import Limits
 
 LIMITS = Limits(max_texts=4, max_chars=500, max_total_chars=1000, max_total_tokens=400, max_generate_tokens=100,
                 max_new_tokens=40)
@@ -214,7 +209,7 @@ def test_bad_requests_are_refused_naming_the_field(model, payload, param, status
     payload = {"model": "tiny", **payload}
     with pytest.raises((InvalidRequest, ModelNotServed)) as info:
         parse_completion(payload, model.tokenizer, LIMITS, served="tiny")
-    code, body = error_of(info.value)
+    code, body = openai_error_of(info.value)
     assert code == status and set(body) == {"error"}
     assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["param"] == param
     assert len(body["error"]["message"]) < 300
@@ -228,5 +223,5 @@ def test_unknown_and_neutral_fields_are_accepted(model):
 
 
 def test_an_unexpected_failure_is_a_500_in_openai_shape():
-    code, body = error_of(RuntimeError("boom"))
+    code, body = openai_error_of(RuntimeError("boom"))
     assert code == 500 and body["error"]["type"] == "server_error" and "boom" not in body["error"]["message"]

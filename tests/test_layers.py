@@ -210,7 +210,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("scoring and generation", ("zoo.scoring", "zoo.dynamic", "zoo.generation", "zoo.adaptation")),
     ("backends, loading and training", ("zoo.export", "zoo.backends", "zoo.catalog", "zoo.hub", "zoo.pretrained",
                                         "zoo.model_cache", "zoo.hf", "zoo.training", "zoo")),
-    ("services", ("zoo.service", "zoo.completions", "zoo.scheduler", "zoo.lm_eval_plugin", "zoo.lm_eval_tasks")),
+    ("services: the wire and the harness", ("zoo.api", "zoo.lm_eval_plugin", "zoo.lm_eval_tasks")),
     ("command line", ("zoo.cli",)),
 ]
 
@@ -238,10 +238,10 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_layer_checker_refuses_an_upward_import():
-    assert layer_of("zoo.scoring") < layer_of("zoo.service") < layer_of("zoo.cli.score")
+    assert layer_of("zoo.scoring") < layer_of("zoo.api.service") < layer_of("zoo.cli.score")
     assert layer_of("zoo.models.alstm") == layer_of("zoo.lm")
-    assert upward_imports({"zoo.scoring": {"zoo.service"}, "zoo.service": {"zoo.scoring"}}) == [
-        "zoo.scoring (scoring and generation) imports zoo.service (services)"]
+    assert upward_imports({"zoo.scoring": {"zoo.api.service"}, "zoo.api.service": {"zoo.scoring"}}) == [
+        "zoo.scoring (scoring and generation) imports zoo.api.service (services: the wire and the harness)"]
 
 
 def test_the_library_imports_only_downward():

@@ -10,6 +10,8 @@ import math
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,32 @@ def test_stop_sequence_and_several_prompts(server):
                                          temperature=1.0, stop=["\n"])
     assert [c.index for c in r.choices] == [0, 1]
     assert all("\n" not in c.text for c in r.choices)
+
+
+def test_a_full_house_of_generations_is_a_503_in_openai_shape_with_retry_after(server):
+    """With batch size 8, at most 4 generations run at once (completions take the same places as the native route's
+    generations): a fifth completion is answered at once with 503, ``Retry-After`` and OpenAI's ``server_error`` /
+    ``overloaded`` (the front door's own 503 on this route says the same), and a scoring completion still runs."""
+    opened = threading.Barrier(5)
+
+    def stream(seed: int) -> str | None:
+        chunks = server.client.completions.create(model=NAME, prompt="the", max_tokens=512, seed=seed, stream=True)
+        first = next(iter(chunks))
+        opened.wait(timeout=60)
+        return [c.choices[0].finish_reason for c in chunks if c.choices][-1] or first.choices[0].finish_reason
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(stream, seed) for seed in range(4)]
+        opened.wait(timeout=60)
+        with pytest.raises(openai.APIStatusError) as busy:
+            server.client.completions.create(model=NAME, prompt="the", max_tokens=5)
+        scored = server.client.completions.create(model=NAME, prompt="the cat", max_tokens=0, echo=True, logprobs=0)
+        reasons = [f.result() for f in futures]
+    assert reasons == ["length"] * 4  # the four ran to their length, undisturbed
+    assert busy.value.status_code == 503 and int(busy.value.response.headers["Retry-After"]) >= 1
+    err = busy.value.response.json()["error"]
+    assert (err["type"], err["code"]) == ("server_error", "overloaded") and "generation" in err["message"]
+    assert scored.usage.prompt_tokens == 3
 
 
 def test_models_are_listed_with_the_zoos_facts(server):

@@ -8,13 +8,17 @@ first). Bundled models: a word model and a character model."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 import torch
 
 import zoo
+from zoo.api.dialects import load_dialects
+from zoo.api.scheduler import Scheduler
+from zoo.api.service import Limits, Service
 from zoo.catalog import bundled_dir
-from zoo.scheduler import Scheduler
-from zoo.service import Limits, Service, parse_request
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,22 +33,18 @@ def model(request) -> zoo.ZooModel:
     return zoo.load(request.param)
 
 
-def _served(model: zoo.ZooModel, payload: dict) -> dict:
-    """A request through the scheduler, as the server runs it (each step one token)."""
-    from zoo.completions import parse_completion
-
-    limits = Limits()
-    service = Service(model, limits)
+def _served(model: zoo.ZooModel, dialect: str, payload: dict) -> Any:
+    """A request through its dialect and the scheduler, as the server runs it (each step one token)."""
+    service = Service(model, Limits())
+    dialects = load_dialects(service, "m")
     sched = Scheduler(service, step_tokens=8)
-    if "model" in payload:
-        sched.admit("r", parse_completion(payload, model.tokenizer, limits, served="m"))
-    else:
-        sched.admit("r", parse_request(payload, limits))
+    sched.admit("r", dialects[dialect].parse(json.dumps(payload).encode(), "application/json", service.limits),
+                dialects[dialect])
     while not sched.jobs["r"].done:
         sched.run(["r"], 0.0)
     job = sched.jobs["r"]
     assert job.error is None, job.error
-    return job.result
+    return json.loads(dialects[dialect].chunk(job, job.take_pieces()))
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
@@ -53,12 +53,13 @@ def test_one_seed_gives_the_same_tokens_and_text_on_every_route(model, sampling)
     text = model.generate(PROMPT, max_new_tokens=N, **sampling)
     assert len(ids) == N
 
-    native = _served(model, {"task": "generate", "prompt": PROMPT, "max_new_tokens": N, **sampling})
+    native = _served(model, "zoo", {"task": "generate", "prompt": PROMPT, "max_new_tokens": N, **sampling})
     assert native["text"] == text and native["num_tokens"] == N
 
     openai_sampling = {k: v for k, v in sampling.items() if k != "top_k"}
     if "top_k" not in sampling:  # (OpenAI's schema has no top_k)
-        reply = _served(model, {"model": "m", "prompt": PROMPT, "max_tokens": N, "logprobs": 0, **openai_sampling})
+        body = {"model": "m", "prompt": PROMPT, "max_tokens": N, "logprobs": 0, **openai_sampling}
+        reply = _served(model, "openai", body)
         choice = reply["choices"][0]
         lead = "" if model.tokenizer.is_char else " "  # the completion reads on from the prompt
         assert choice["text"] == lead + text

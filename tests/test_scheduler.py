@@ -1,4 +1,4 @@
-"""Fair sharing of one model (zoo.scheduler): bounded steps, round-robin, generation places, token budgets.
+"""Fair sharing of one model (zoo.api.scheduler): bounded steps, round-robin, generation places, token budgets.
 
 In-process against a real model (a tiny aLSTM with random, far-from-uniform weights); the same scheduler behind
 the real TorchServe is tested in tests/test_serving.py."""
@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from tests.conftest import tiny_lm, tiny_tokenizer
+from zoo.api.http import error_status, native_error
+from zoo.api.native import NativeDialect
+from zoo.api.scheduler import Scheduler
+from zoo.api.service import Limits, Service, parse_request
 from zoo.errors import RequestTooLarge, ServerBusy
 from zoo.pretrained import ZooModel
-from zoo.scheduler import Scheduler
-from zoo.service import Limits, Service, error_body, error_status, parse_request
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LIMITS = Limits(max_total_tokens=2_000, max_generate_tokens=60, max_new_tokens=40)
@@ -47,7 +49,7 @@ def test_scores_in_steps_equal_the_python_api_for_long_and_short_texts_mixed(ser
     requests = {"long": parse_request({"texts": [LONG, SHORT, LONG[:300]], "return_tokens": True}, LIMITS),
                 "short": parse_request({"text": SHORT}, LIMITS)}
     for key, req in requests.items():
-        sched.admit(key, req)
+        sched.admit(key, req, NativeDialect(service, "tiny"))
     _finish(sched, list(requests))
     for key, req in requests.items():
         served = sched.jobs[key].result
@@ -65,9 +67,9 @@ def test_scores_in_steps_equal_the_python_api_for_long_and_short_texts_mixed(ser
 def test_a_short_request_finishes_in_a_few_rounds_beside_a_long_one(service):
     """Round-robin: the short request's rounds do not depend on its neighbour's size."""
     sched = Scheduler(service, step_tokens=16)
-    sched.admit("long", parse_request({"texts": [LONG] * 2}, LIMITS))
+    sched.admit("long", parse_request({"texts": [LONG] * 2}, LIMITS), NativeDialect(service, "tiny"))
     sched.run(["long"], 0.0)
-    sched.admit("short", parse_request({"text": SHORT}, LIMITS))
+    sched.admit("short", parse_request({"text": SHORT}, LIMITS), NativeDialect(service, "tiny"))
     finished = _finish(sched, ["long", "short"])
     assert finished["short"] <= 3 < finished["long"]
 
@@ -76,8 +78,8 @@ def test_generation_in_steps_equals_the_python_api(service):
     sched = Scheduler(service, step_tokens=4)
     prompt = "the cat sat on the mat a dog ran"  # longer than one step: read in pieces
     req = parse_request({"task": "generate", "prompt": prompt, "max_new_tokens": 12, "seed": 5}, LIMITS)
-    sched.admit("g", req)
-    sched.admit("s", parse_request({"text": LONG}, LIMITS))
+    sched.admit("g", req, NativeDialect(service, "tiny"))
+    sched.admit("s", parse_request({"text": LONG}, LIMITS), NativeDialect(service, "tiny"))
     _finish(sched, ["g", "s"])
     job = sched.jobs["g"]
     assert job.result["text"] == service.model.generate(prompt, max_new_tokens=12, seed=5)
@@ -89,12 +91,13 @@ def test_token_budgets_refuse_before_any_model_work_with_413(service):
     tok = service.model.tokenizer
     n = sum(len(tok.encode(t).ids) for t in [LONG] * 4)
     with pytest.raises(RequestTooLarge) as over:
-        sched.admit("big", parse_request({"texts": [LONG] * 4}, LIMITS))
-    assert error_status(over.value) == 413 and error_body(over.value)["code"] == 413
+        sched.admit("big", parse_request({"texts": [LONG] * 4}, LIMITS), NativeDialect(service, "tiny"))
+    assert error_status(over.value) == 413 and native_error(over.value)[0] == 413
     assert f"tokenise to {n:,} tokens" in str(over.value) and "limit is 2,000" in str(over.value)
     prompt = "the cat sat on the mat " * 5
     with pytest.raises(RequestTooLarge) as gen_over:
-        sched.admit("gen", parse_request({"task": "generate", "prompt": prompt, "max_new_tokens": 40}, LIMITS))
+        sched.admit("gen", parse_request({"task": "generate", "prompt": prompt, "max_new_tokens": 40}, LIMITS),
+                    NativeDialect(service, "tiny"))
     p = len(tok.encode(prompt, add_eos=False).ids)
     assert f"of {p:,} tokens + max_new_tokens 40 is {p + 40:,} tokens" in str(gen_over.value)
     assert "limit is 60" in str(gen_over.value) and gen_over.value.field == "prompt"
@@ -104,12 +107,12 @@ def test_token_budgets_refuse_before_any_model_work_with_413(service):
 def test_generations_never_take_every_place(service):
     sched = Scheduler(service, max_generations=2)
     gen = {"task": "generate", "prompt": "the", "max_new_tokens": 30}
-    sched.admit("a", parse_request(gen, LIMITS))
-    sched.admit("b", parse_request(gen, LIMITS))
+    sched.admit("a", parse_request(gen, LIMITS), NativeDialect(service, "tiny"))
+    sched.admit("b", parse_request(gen, LIMITS), NativeDialect(service, "tiny"))
     with pytest.raises(ServerBusy) as busy:
-        sched.admit("c", parse_request(gen, LIMITS))
+        sched.admit("c", parse_request(gen, LIMITS), NativeDialect(service, "tiny"))
     assert error_status(busy.value) == 503 and busy.value.retry_after_s >= 1
-    sched.admit("s", parse_request({"text": SHORT}, LIMITS))  # scoring still gets in
+    sched.admit("s", parse_request({"text": SHORT}, LIMITS), NativeDialect(service, "tiny"))  # scoring still gets in
     _finish(sched, ["a", "b", "s"])
     sched.forget(["a"])
-    sched.admit("c", parse_request(gen, LIMITS))  # a place freed
+    sched.admit("c", parse_request(gen, LIMITS), NativeDialect(service, "tiny"))  # a place freed

@@ -1,4 +1,4 @@
-"""The service core (zoo.service): one schema for every front end, per-request isolation, replies that always
+"""The service core (zoo.api.service): one schema for every front end, per-request isolation, replies that always
 encode. The HTTP server runs the same table of bad inputs against a real TorchServe (tests/test_serving.py)."""
 
 from __future__ import annotations
@@ -10,21 +10,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from zoo.errors import InvalidRequest, ZooError
-from zoo.generation import SamplingParams
-from zoo.pretrained import ZooModel
-from zoo.service import (
+from zoo.api.http import native_error, openai_error_of, to_json
+from zoo.api.service import (
     CLI_LIMITS,
     GenerateRequest,
     Limits,
     ScoreRequest,
     Service,
-    error_body,
     parse_body,
     parse_request,
     parse_score,
-    to_json,
 )
+from zoo.errors import InvalidRequest, ModelNotServed, RequestTooLarge, ServerBusy, ZooError
+from zoo.generation import SamplingParams
+from zoo.pretrained import ZooModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LIMITS = Limits(max_texts=4, max_chars=200, max_total_chars=500, max_prompt_chars=100, max_new_tokens=20)
@@ -128,7 +127,7 @@ def test_bad_payload_names_its_field_and_encodes(case):
     err = info.value
     assert err.field == field, err.message
     assert err.message.startswith(field)
-    body = json.loads(to_json(error_body(err)))
+    body = json.loads(to_json(native_error(err)[1]))
     assert body["code"] == 400 and body["field"] == field
 
 
@@ -141,7 +140,7 @@ def test_bad_body_names_its_field(case):
     with pytest.raises(InvalidRequest) as info:
         parse_body(raw, content_type, LIMITS)
     assert info.value.field == field, info.value.message
-    to_json(error_body(info.value)).decode("utf-8")
+    to_json(native_error(info.value)[1]).decode("utf-8")
 
 
 def test_duplicate_keys_and_untyped_json_are_named():
@@ -173,10 +172,28 @@ def test_null_is_an_optional_fields_default_and_errors_speak_json():
 
 def test_error_body_of_any_caller_error():
     """A ZooError that is not a field's (e.g. a request the loaded model cannot serve) is still the caller's 400."""
-    assert error_body(InvalidRequest("texts", "too long")) == {
-        "code": 400, "type": "BadRequest", "field": "texts", "message": "texts too long"}
-    assert error_body(ZooError("no training data for the statistics")) == {
-        "code": 400, "type": "BadRequest", "field": None, "message": "no training data for the statistics"}
+    assert native_error(InvalidRequest("texts", "too long")) == (400, {
+        "code": 400, "type": "BadRequest", "field": "texts", "message": "texts too long"})
+    assert native_error(ZooError("no training data for the statistics")) == (400, {
+        "code": 400, "type": "BadRequest", "field": None, "message": "no training data for the statistics"})
+
+
+@pytest.mark.parametrize(("err", "status", "native_type", "openai_type", "openai_code"), [
+    (InvalidRequest("texts", "too long"), 400, "BadRequest", "invalid_request_error", "invalid_value"),
+    (RequestTooLarge("texts", "is 9 tokens"), 413, "PayloadTooLarge", "invalid_request_error", "request_too_large"),
+    (ModelNotServed("the model 'x' is not served here"), 404, "NotFound", "invalid_request_error", "model_not_found"),
+    (ServerBusy("all places are in use"), 503, "ServiceUnavailable", "server_error", "overloaded"),
+    (RuntimeError("a bug"), 500, "InternalServerError", "server_error", "internal_error"),
+])
+def test_every_error_has_one_status_in_both_shapes(err, status, native_type, openai_type, openai_code):
+    """One status per error, whichever dialect answers (an OpenAI client refused for a full house was told 503 with
+    an ``invalid_request_error`` body; the native shape had no type for 404)."""
+    code, body = native_error(err)
+    assert code == body["code"] == status and body["type"] == native_type
+    code, body = openai_error_of(err)
+    assert code == status and body["error"]["type"] == openai_type and body["error"]["code"] == openai_code
+    if status == 500:  # a bug's own text stays in the server's log
+        assert "a bug" not in json.dumps(body) and "a bug" not in json.dumps(native_error(err)[1])
 
 
 def test_good_requests_and_integral_floats():
@@ -326,7 +343,7 @@ def test_seeded_fuzz_never_escapes_the_core(service):
         try:
             req = parse_body(raw, ctype, LIMITS)
         except InvalidRequest as e:
-            to_json(error_body(e)).decode("utf-8")
+            to_json(native_error(e)[1]).decode("utf-8")
             counts["invalid"] += 1
             continue
         if isinstance(req, ScoreRequest):

@@ -25,11 +25,11 @@ import requests
 import torch
 
 from tests.conftest import REPO, tiny_lm, tiny_tokenizer
+from zoo.api.service import Limits, parse_body
 from zoo.checkpoint import save_checkpoint
 from zoo.cli import main as cli_main
 from zoo.errors import InvalidRequest
 from zoo.pretrained import ModelNotFoundError, ZooModel, resolve_local
-from zoo.service import Limits, parse_body
 from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports
 from zoo.tools.serve.archive import build_archive
 from zoo.tools.serve.config import ArchiveOptions, ServeError, ServerConfig
@@ -429,7 +429,8 @@ def test_generations_never_take_every_place(server):
         codes = [f.result() for f in futures]
     assert codes == [200] * 4
     assert busy.status_code == 503 and int(busy.headers["Retry-After"]) >= 1
-    assert busy.json()["code"] == 503 and "generation" in busy.json()["message"]
+    assert busy.json()["code"] == 503 and busy.json()["type"] == "ServiceUnavailable"
+    assert "generation" in busy.json()["message"]
     assert scored.status_code == 200
 
 

@@ -29,7 +29,7 @@ class WrongType(ConfigError, TypeError):
 
 
 class InvalidRequest(ConfigError):
-    """One request field is out of its schema (``zoo.service``): ``field`` names it, ``message`` says why.
+    """One request field is out of its schema (``zoo.api.service``): ``field`` names it, ``message`` says why.
 
     A ``ValueError`` too, so callers of the library that caught ``ValueError`` from the sampling parameters
     before the schema existed still catch it.
@@ -46,6 +46,13 @@ class RequestTooLarge(InvalidRequest):
     a client can tell "too much" from "malformed" (the message names the limit and the count)."""
 
     status = 413
+
+
+class ModelNotServed(ZooError, LookupError):
+    """A request names a model this server does not serve: HTTP 404 (OpenAI's ``model_not_found``)."""
+
+    status = 404
+    field = "model"
 
 
 class ServerBusy(ZooError):

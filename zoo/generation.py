@@ -29,7 +29,7 @@ MAX_TEMPERATURE = 100.0
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Validated sampling settings (the one schema every front end uses; see ``zoo.service``).
+    """Validated sampling settings (the one schema every front end uses; see ``zoo.api.service``).
 
     ``max_new_tokens`` is how many tokens are generated: ``<eos>`` is a token like any other (it renders as a
     line break) unless ``stop_at_eos``, which ends generation at the first one. ``temperature == 0`` means

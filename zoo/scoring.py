@@ -39,7 +39,7 @@ from zoo.tokenizer import Tokenizer
 
 T = TypeVar("T")
 #: A computation cut into bounded steps: it yields ``None`` after each step and returns its result (a server runs
-#: the steps of several requests in turn, :mod:`zoo.scheduler`; :func:`run_steps` runs them all at once).
+#: the steps of several requests in turn, :mod:`zoo.api.scheduler`; :func:`run_steps` runs them all at once).
 Steps = Generator[None, None, T]
 
 LN2 = math.log(2.0)

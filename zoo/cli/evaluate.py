@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
                          bptt=args.bptt, dynamic=dynamic)
     res["model"] = model.name
     if args.json:
-        from zoo.service import to_json
+        from zoo.api.http import to_json
 
         print(to_json(res).decode("utf-8"))
     else:

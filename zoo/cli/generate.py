@@ -31,7 +31,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zoo.service import CLI_LIMITS, Service, parse_generate
+    from zoo.api.service import CLI_LIMITS, Service, parse_generate
 
     valid_utf8(args.prompt, "--prompt")
     with in_flags({"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature",

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     require(args, positive=("--batch-size",))
     lines = read_texts(args)
     keep = [i for i, t in enumerate(lines) if t.strip()]
-    from zoo.service import CLI_LIMITS, parse_score, to_json
+    from zoo.api.http import to_json
+    from zoo.api.service import CLI_LIMITS, parse_score
     from zoo.validate import check_text
 
     # the service schema (no size limit on the CLI): NUL, binary data and undecodable argv bytes are refused;

@@ -2,7 +2,7 @@
 describe a model. Each takes the :class:`~zoo.tools.demo_registry.ModelRegistry` (and the dynamic-evaluation
 statistics where it needs them) as its first arguments, so tests call them directly, without a Gradio server; the
 UI (:mod:`zoo.tools.demo_ui`) binds those arguments once. A bad input is a ``gr.Error`` with the service core's
-one-line message (the same schema and messages as the HTTP server and the CLI: :mod:`zoo.service`).
+one-line message (the same schema and messages as the HTTP server and the CLI: :mod:`zoo.api.service`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import gradio as gr
 from matplotlib.figure import Figure
 
 from zoo.adaptation import trace_text
+from zoo.api.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request
 from zoo.checkpoint import CheckpointError, read_config
 from zoo.errors import InvalidRequest, ZooError
 from zoo.pretrained import ZooModel
-from zoo.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request
 from zoo.tools.demo_registry import ModelRegistry, dynamic_stats_of
 from zoo.tools.demo_render import (
     DIFFERENCE_SCALE_BITS,
@@ -59,7 +59,7 @@ LIMITS = Limits(max_texts=1, max_chars=MAX_CHARS, max_total_chars=MAX_CHARS, max
 DYNAMIC_LIMITS = dataclasses.replace(LIMITS, max_chars=MAX_DYNAMIC_CHARS, max_total_chars=MAX_DYNAMIC_CHARS)
 
 
-# -- input validation: the service core's schema (zoo.service), with the demo's limits ------------------------
+# -- input validation: the service core's schema (zoo.api.service), with the demo's limits ------------------------
 def parse(payload: dict[str, Any], limits: Limits = LIMITS) -> ScoreRequest | GenerateRequest:
     """A request through the service schema; a bad field becomes a ``gr.Error`` with its one-line message."""
     try:

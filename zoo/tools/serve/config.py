@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zoo.api.service import Limits
 from zoo.backends import backend_names
 from zoo.errors import ConfigError
-from zoo.service import Limits
 from zoo.tools import REPO
 
 SERVING_DIR = REPO / "serving"
@@ -49,7 +49,7 @@ class ArchiveOptions:
     threads: int = 1
     #: time per handler call that the generations in progress share (ms); scoring waits at most about this long
     gen_slice_ms: int = 20
-    # the handler's limits default to the service core's (zoo.service.Limits), the one place they are set
+    # the handler's limits default to the service core's (zoo.api.service.Limits), the one place they are set
     max_texts: int = Limits.max_texts
     max_chars: int = Limits.max_chars
     max_total_chars: int = Limits.max_total_chars

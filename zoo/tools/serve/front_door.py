@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zoo.api.http import REASONS, both_shapes, openai_error, zoo_error
 from zoo.errors import ConfigError
 from zoo.tools import REPO
 
@@ -42,11 +43,6 @@ HEAD_REGEX = ("^"
               rf"{_TCHAR}++ /[!-~]*+ HTTP/1\.[01]\r\n(?:{_TCHAR}++:[\t -~\x80-\xff]*+\r\n){{0,100}}+\r\n")
 #: the statuses HAProxy can send from its own error pages (those its ``errorfile`` takes)
 ERRORFILE_STATUSES = (400, 401, 403, 404, 405, 408, 410, 413, 425, 429, 500, 501, 502, 503, 504)
-REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-           408: "Request Timeout", 410: "Gone", 411: "Length Required", 413: "Payload Too Large",
-           414: "URI Too Long", 425: "Too Early", 429: "Too Many Requests",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
-           502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 #: seconds a client is told to wait (Retry-After) when the server is full or not answering
 RETRY_AFTER_S = 1
 BUSY = "the model server is busy (its queue is full) or not answering; retry after the Retry-After seconds"
@@ -66,26 +62,7 @@ def haproxy() -> str:
     return found
 
 
-# -- reply bodies ------------------------------------------------------------------------------------------------
-def zoo_error(code: int, message: str, field: str | None = None) -> dict[str, Any]:
-    """The service core's error shape (zoo/service.py), as the front door sends it."""
-    body: dict[str, Any] = {"code": code, "type": REASONS[code].replace(" ", "").replace("-", "")}
-    if field is not None:
-        body["field"] = field
-    return {**body, "message": message}
-
-
-def openai_error(code: int, message: str, param: str | None = None, kind: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape; ``kind`` is its ``code`` string (``model_not_found``, ``invalid_api_key``, ...)."""
-    err_type = "invalid_request_error" if code < 500 else "server_error"
-    return {"error": {"message": message, "type": err_type, "param": param, "code": kind}}
-
-
-def both_shapes(code: int, message: str) -> dict[str, Any]:
-    """For a reply sent before the path is known: the zoo's fields and OpenAI's ``error`` in one object."""
-    return {**zoo_error(code, message), **openai_error(code, message, kind=REASONS[code].lower().replace(" ", "_"))}
-
-
+# -- reply bodies (the shapes and status phrases: zoo.api.http, the worker's own) ----------------------------------
 def _bodies(cfg: Any) -> dict[str, dict[str, Any]]:
     """Every body the routes answer with, by file name (``<status>[-<what>].json``)."""
     limit = cfg.max_request_bytes

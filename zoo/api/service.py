@@ -11,7 +11,8 @@ it and failed every request of its batch. Here:
 * :class:`Service` runs validated requests on one model with per-request isolation: a batch of score requests
   goes through one ``ZooModel.score`` call, and if that fails, each request is retried alone so only the
   culprit fails. Nothing a client sends escapes as an exception.
-* :func:`to_json` encodes any reply (NaN/Infinity become null; nothing can fail to encode).
+* Replies are encoded by :func:`zoo.api.http.to_json` (NaN/Infinity become null; nothing can fail to encode), errors
+  shaped by :mod:`zoo.api.http`.
 
 Framework-free: no TorchServe, no Gradio imports.
 """
@@ -20,11 +21,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from zoo.api.http import JSON_TYPE
 from zoo.errors import InvalidRequest, RequestTooLarge, ZooError
 from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
 from zoo.scoring import Steps, aggregate
@@ -32,7 +33,6 @@ from zoo.validate import as_bool, as_float, as_int, check_text, json_type, surro
 
 log = logging.getLogger(__name__)
 
-JSON_TYPE = "application/json"
 SCORE_FIELDS = ("task", "texts", "text", "return_tokens", "dynamic")
 GENERATE_FIELDS = ("task", "prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_at_eos",
                    "allow_unk", "stream")
@@ -238,13 +238,18 @@ def parse_body(raw: bytes | bytearray | str | None, content_type: str = "",
     if media != JSON_TYPE:
         body, warnings = check_text(text, "body", limits.max_chars, truncate=limits.truncate)
         return ScoreRequest((body,), warnings=tuple(warnings))
+    return parse_request(decode_json(text), limits)
+
+
+def decode_json(text: str) -> Any:
+    """A JSON body, strictly: no NaN/Infinity literals, no repeated key (:class:`~zoo.errors.InvalidRequest`
+    naming ``body`` otherwise). Every dialect's parser reads its JSON with this."""
     try:
-        payload = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_object)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_object)
     except RecursionError:
         raise InvalidRequest("body", "JSON nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, NaN/Infinity literals, integers over Python's digit limit
         raise InvalidRequest("body", f"not valid JSON ({_short(str(e))})") from None
-    return parse_request(payload, limits)
 
 
 def _short(msg: str, n: int = 120) -> str:
@@ -253,44 +258,6 @@ def _short(msg: str, n: int = 120) -> str:
 
 
 # -- replies -------------------------------------------------------------------------------------------------
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def to_json(obj: Any) -> bytes:
-    """UTF-8 JSON any client can parse: NaN/Infinity -> null; if anything cannot be encoded as UTF-8 (which
-    validation should have made impossible), the reply is escaped ASCII JSON rather than an exception."""
-    clean = _finite(obj)
-    try:
-        return json.dumps(clean, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(clean, ensure_ascii=True).encode("ascii")
-
-
-ERROR_TYPES = {400: "BadRequest", 413: "PayloadTooLarge", 503: "ServiceUnavailable"}
-
-
-def error_status(err: ZooError) -> int:
-    """The HTTP status of a caller's error: 413 for a request over the token budget, 503 for one the server cannot
-    start now (:class:`~zoo.errors.ServerBusy`), else 400."""
-    return int(getattr(err, "status", 400))
-
-
-def error_body(err: ZooError) -> dict[str, Any]:
-    """The body of a caller's error (its code is :func:`error_status`): an ``InvalidRequest`` names its field;
-    another ``ZooError`` (e.g. a request the loaded model cannot serve) has ``"field": null``."""
-    code = error_status(err)
-    if isinstance(err, InvalidRequest):
-        return {"code": code, "type": ERROR_TYPES[code], "field": err.field, "message": err.message}
-    return {"code": code, "type": ERROR_TYPES[code], "field": None, "message": str(err)}
-
-
 # -- running requests ----------------------------------------------------------------------------------------
 class Service:
     """Runs validated requests on one loaded model (``ZooModel``); each request succeeds or fails alone."""

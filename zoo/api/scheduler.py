@@ -5,7 +5,7 @@ everyone else. One score request of 64 long texts held the only worker for ~10 s
 (:func:`zoo.scoring.score_texts` sorts texts by length and pads each group to its longest) made short texts of
 other requests run for all of a long text's steps. Here:
 
-* **Bounded steps.** A score request runs as :meth:`zoo.service.Service.score_steps` (its texts batched with each
+* **Bounded steps.** A score request runs as :meth:`zoo.api.service.Service.score_steps` (its texts batched with each
   other only, never padded to another request's), one step = at most ``step_tokens`` tokens (rows x columns:
   its cost, mostly the decoder's, grows with the tokens), the recurrent state carried across steps
   exactly as the library always scores a long text in chunks: the numbers are the Python API's. A generation is
@@ -21,11 +21,10 @@ other requests run for all of a long text's steps. Here:
   hands a request to the worker only into a free place), so a queue inside the worker would not keep any place
   free; refusing costs the client one retry and never costs another client anything.
 
-Nothing here knows the wire format (the dialect): a front end parses a request into a
-:class:`~zoo.service.ScoreRequest` / :class:`~zoo.service.GenerateRequest` (or an OpenAI-compatible
-:class:`~zoo.completions.CompletionRequest`, whose work is a :class:`~zoo.completions.CompletionRun`'s slices),
-:meth:`Scheduler.admit` s it under a key of its choice, calls :meth:`Scheduler.run`, and formats each
-:class:`Job`'s progress (new pieces, result or error) as it likes. Framework-free: no TorchServe imports.
+Nothing here knows the wire format: a request comes with its dialect (:class:`zoo.api.dialects.Dialect`), and
+:meth:`Scheduler.admit` asks the dialect whether the request generates and for its steps; it tests no types. The
+front end formats each :class:`Job`'s progress (what its steps yielded, its result or error) through the same
+dialect. Framework-free: no TorchServe imports.
 """
 
 from __future__ import annotations
@@ -34,11 +33,14 @@ import logging
 import time
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zoo.completions import CompletionRequest, CompletionRun
+from zoo.api.http import error_status
 from zoo.errors import ServerBusy, ZooError
-from zoo.service import GenerateRequest, Request, Service, error_status, generate_reply
+
+if TYPE_CHECKING:
+    from zoo.api.dialects import Dialect
+    from zoo.api.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -49,31 +51,24 @@ STEP_TOKENS = 64
 
 @dataclass
 class Job:
-    """One request's work in progress: a score request's steps (ending in its reply) or a generation's pieces."""
+    """One request's work in progress: its steps (from its dialect), what they yielded, and the outcome."""
 
-    request: Request | CompletionRequest
+    request: Any  # the dialect's own request object (it has ``task``, for logs)
     steps: Iterator[Any]
-    #: the state a dialect formats progress from, where the pieces are not enough (an OpenAI-compatible
-    #: completion's :class:`~zoo.completions.CompletionRun`)
-    run: Any = None
-    pieces: list[str] = field(default_factory=list)  # a generation's pieces so far
-    fresh: list[str] = field(default_factory=list)  # ... those not yet taken by the front end (take_pieces)
-    result: dict[str, Any] | None = None  # the reply, once done without error
+    dialect: Dialect
+    #: whether it holds a generation place (the dialect's answer at admission)
+    generates: bool = False
+    pieces: list[Any] = field(default_factory=list)  # what its steps yielded so far (a generation's pieces)
+    fresh: list[Any] = field(default_factory=list)  # ... those not yet taken by the front end (take_pieces)
+    result: Any = None  # what its steps returned (the reply), once done without error
     error: Exception | None = None  # a ZooError (the client's own: its status) or a bug (500)
     done: bool = False
     steps_run: int = 0
 
     @property
-    def generates(self) -> bool:
-        """Whether it holds a generation place (a completion that generates tokens does too)."""
-        return isinstance(self.request, GenerateRequest) or getattr(self.request, "max_tokens", 0) > 0
-
-    @property
     def status(self) -> int:
         """The HTTP status of the outcome so far: 200, the error's own status, or 500 for a bug."""
-        if self.error is None:
-            return 200
-        return error_status(self.error) if isinstance(self.error, ZooError) else 500
+        return 200 if self.error is None else error_status(self.error)
 
     def advance(self) -> None:
         """One step (a failure ends this job alone and is kept, never raised)."""
@@ -81,11 +76,7 @@ class Job:
         try:
             out = next(self.steps)
         except StopIteration as finished:
-            self.done = True
-            if isinstance(self.request, GenerateRequest):
-                self.result = generate_reply(self.request, self.pieces)
-            else:
-                self.result = finished.value
+            self.done, self.result = True, finished.value
             return
         except ZooError as e:  # the caller's own problem
             self.done, self.error = True, e
@@ -94,7 +85,7 @@ class Job:
             log.exception("%s failed", self.request.task)
             self.done, self.error = True, e
             return
-        if isinstance(out, str):
+        if out is not None:
             self.pieces.append(out)
             self.fresh.append(out)
 
@@ -116,22 +107,14 @@ class Scheduler:
     def generations(self) -> int:
         return sum(1 for j in self.jobs.values() if j.generates and not j.done)
 
-    def admit(self, key: Hashable, request: Request) -> Job:
-        """Start ``request`` under ``key``, after its token budget is checked (raises
+    def admit(self, key: Hashable, request: Any, dialect: Dialect) -> Job:
+        """Start ``request`` (parsed by ``dialect``) under ``key``, after its token budget is checked (raises
         :class:`~zoo.errors.RequestTooLarge`) and, for a generation, a free generation place (raises
         :class:`~zoo.errors.ServerBusy`). No model work happens here."""
-        if isinstance(request, CompletionRequest):  # its budgets were checked as it was parsed
-            self._place(request.max_tokens > 0)
-            run = CompletionRun(self.service.model, request)
-            job = self.jobs[key] = Job(request, run.steps(self.step_tokens), run=run)
-            return job
-        encodings = self.service.within_budget(request)
-        self._place(isinstance(request, GenerateRequest))
-        if isinstance(request, GenerateRequest):
-            steps: Iterator[Any] = self.service.stream_steps(request, self.step_tokens)
-        else:
-            steps = self.service.score_steps(request, self.step_tokens, encodings)
-        job = self.jobs[key] = Job(request, steps)
+        steps = dialect.steps(request, self.step_tokens)
+        generates = dialect.generates(request)
+        self._place(generates)
+        job = self.jobs[key] = Job(request, steps, dialect, generates)
         return job
 
     def _place(self, generates: bool) -> None:

@@ -3,7 +3,7 @@
 Why: the de-facto API of language-model servers (vLLM, TGI, llama.cpp) is OpenAI's completions API, and the
 clients researchers already use speak it: the ``openai`` package, lm-evaluation-harness's ``local-completions``
 model (``echo: true, logprobs: 1`` to score a text). This module is that dialect over the same model, sampling rule
-(:class:`zoo.generation.Sampler`) and limits (:class:`zoo.service.Limits`) as the native route: no second engine.
+(:class:`zoo.generation.Sampler`) and limits (:class:`zoo.api.service.Limits`) as the native route: no second engine.
 
 How a prompt is conditioned (the zoo's scoring protocol, :mod:`zoo.scoring`):
 
@@ -39,8 +39,10 @@ from typing import Any
 
 import torch
 
+from zoo.api.http import JSON_TYPE, SSE_TYPE, openai_error_of, to_json
+from zoo.api.service import decode_json
 from zoo.device import device_of
-from zoo.errors import InvalidRequest, RequestTooLarge, ZooError
+from zoo.errors import InvalidRequest, ModelNotServed, RequestTooLarge
 from zoo.generation import MAX_TEMPERATURE, Detokenizer, Sampler, SamplingParams, generate_steps, prompt_context
 from zoo.tokenizer import EOS, Tokenizer
 from zoo.validate import as_bool, as_float, as_int, check_text, json_type, surrogate_position
@@ -55,12 +57,6 @@ PROMPT_SLICE = 128
 NEUTRAL_FIELDS: dict[str, Any] = {"best_of": 1, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
                                   "suffix": None}
 OPENAI_DEFAULT_MAX_TOKENS = 16
-
-
-class ModelNotServed(ZooError, LookupError):
-    """The request names a model this server does not serve (OpenAI's 404 ``model_not_found``)."""
-
-    status = 404
 
 
 @dataclass(frozen=True)
@@ -281,25 +277,28 @@ class CompletionRun:
         self._work: Iterator[None] | None = None
 
     # the work ------------------------------------------------------------------------------------------------
-    def steps(self, positions: int = PROMPT_SLICE) -> Iterator[None]:
+    def steps(self, positions: int = PROMPT_SLICE) -> Iterator[bytes | None]:
         """The work, one slice per item (for a scheduler: at most ``positions`` prompt tokens or one generated
-        token each); returns the whole reply."""
+        token each). Streamed, each item is the events that slice produced and the return value the last ones (the
+        finish, usage, ``[DONE]``); otherwise each item is ``None`` and the return value the whole reply."""
         self.positions = max(1, int(positions))
+        stream = self.request.stream
         for choice, prompt in zip(self.choices, self.request.prompts, strict=True):
-            yield from self._one(choice, prompt)
+            for _ in self._one(choice, prompt):
+                yield self.events() if stream else None
             choice.finished = True
         self.done = True
-        return self.reply()
+        return self.events() if stream else self.reply()
 
     def advance(self) -> bytes:
         """One slice of work; the events it produced when streamed (else ``b""``)."""
         if self._work is None:
             self._work = self.steps()
         try:
-            next(self._work)
-        except StopIteration:
-            pass
-        return self.events() if self.request.stream else b""
+            out = next(self._work)
+        except StopIteration as finished:
+            out = finished.value
+        return out if self.request.stream else b""
 
     @torch.no_grad()
     def _one(self, choice: Choice, prompt: Prompt) -> Iterator[None]:
@@ -432,8 +431,6 @@ class CompletionRun:
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
-    from zoo.service import to_json  # the one JSON encoder (NaN -> null)
-
     return b"data: " + to_json(obj) + b"\n\n"
 
 
@@ -454,21 +451,47 @@ def _safe_end(text: str, sent: int, stops: Sequence[str]) -> int:
     return max(end, sent)
 
 
-# -- errors ----------------------------------------------------------------------------------------------------
-def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+# -- the dialect -------------------------------------------------------------------------------------------------
+class OpenAIDialect:
+    """OpenAI's completions API for the one model this worker serves (:class:`~zoo.api.dialects.Dialect`): a request
+    becomes a :class:`CompletionRequest` run by a :class:`CompletionRun`; replies and errors are OpenAI's shapes, a
+    stream is server-sent events ending with ``data: [DONE]``."""
 
+    def __init__(self, service: Any, served: str):
+        self.service, self.served = service, served
 
-def error_of(err: Exception) -> tuple[int, dict[str, Any]]:
-    """The status and OpenAI-shaped body of a request's error."""
-    if isinstance(err, ModelNotServed):
-        return 404, openai_error(404, str(err), "model", "model_not_found")
-    if isinstance(err, RequestTooLarge):
-        return 413, openai_error(413, err.message, err.field, "request_too_large")
-    if isinstance(err, InvalidRequest):
-        return 400, openai_error(400, err.message, err.field, "invalid_value")
-    if isinstance(err, ZooError):
-        return 400, openai_error(400, str(err), None, "invalid_value")
-    return 500, openai_error(500, "the completion failed; see the server's model log", None, "internal_error")
+    def parse(self, raw: Any, content_type: str, limits: Any) -> CompletionRequest:
+        media = (content_type or "").split(";")[0].strip().lower()
+        if media not in ("", JSON_TYPE):
+            raise InvalidRequest("Content-Type", f"unsupported {media[:40]!r}; send application/json")
+        try:
+            text = bytes(raw).decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+        except UnicodeDecodeError as e:
+            raise InvalidRequest("body", f"not valid UTF-8 (byte {e.start})") from None
+        if not isinstance(text, str):
+            raise InvalidRequest("body", "send a JSON object (Content-Type: application/json)")
+        return parse_completion(decode_json(text), self.service.model.tokenizer, limits, served=self.served)
+
+    def generates(self, request: CompletionRequest) -> bool:
+        return request.max_tokens > 0
+
+    def steps(self, request: CompletionRequest, step_tokens: int) -> Iterator[bytes | None]:
+        """Its budgets were checked as it was parsed."""
+        return CompletionRun(self.service.model, request).steps(step_tokens)
+
+    def content_type(self, request: CompletionRequest) -> str:
+        return SSE_TYPE if request.stream else JSON_TYPE
+
+    def error(self, err: Exception | None, what: str = "completion") -> tuple[int, dict[str, Any]]:
+        return openai_error_of(err, what)
+
+    def chunk(self, job: Any, fresh: list[Any]) -> bytes:
+        """A stream's new events (an error once events went out is one more ``data: {"error": ...}`` event and
+        ``[DONE]``); otherwise nothing until the whole reply (an error after the 200 status line is its body)."""
+        stream = job.request.stream
+        if job.error is not None:
+            body = to_json(self.error(job.error, "completion")[1])
+            return b"".join(fresh) + b"data: " + body + b"\n\ndata: [DONE]\n\n" if stream else body
+        if stream:
+            return b"".join(fresh) + (job.result if job.done else b"")
+        return to_json(job.result) if job.done else b""

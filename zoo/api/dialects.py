@@ -1,0 +1,80 @@
+"""The wire formats (dialects) the server speaks: the one contract they keep and the one registry that holds them.
+
+Why a declared contract: the scheduler runs every request the same way (bounded steps, round-robin, generation
+places) and must not know which wire format a request came in: it asks the request's dialect whether it generates
+and for its steps, and the handler asks the same dialect for the reply's bytes. A new wire format is a module with a
+:class:`Dialect` class, one entry in :data:`DIALECTS`, and the front door's route that sets the ``X-Zoo-Api`` header
+to its name (``serving/haproxy.cfg``); no scheduler or handler change (``docs/develop/extending.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, Protocol
+
+from zoo.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from zoo.api.service import Limits, Service
+
+#: The wire formats, by the ``X-Zoo-Api`` request header's value (absent: :data:`DEFAULT`): ``"module:Class"``,
+#: imported when a worker loads its model.
+DIALECTS: dict[str, str] = {
+    "zoo": "zoo.api.native:NativeDialect",
+    "openai": "zoo.api.completions:OpenAIDialect",
+}
+DEFAULT = "zoo"
+
+
+class Dialect(Protocol):
+    """One wire format over one loaded model (``service``), named ``served`` to its clients.
+
+    A request object is the dialect's own (it has ``task``, a name for logs); the scheduler holds it in a
+    :class:`~zoo.api.scheduler.Job` and never looks inside."""
+
+    def __init__(self, service: Service, served: str) -> None: ...
+
+    def parse(self, raw: Any, content_type: str, limits: Limits) -> Any:
+        """A request body -> a validated request (:class:`~zoo.errors.ZooError` naming what is wrong)."""
+
+    def generates(self, request: Any) -> bool:
+        """Whether the request holds one of the scheduler's generation places while it runs."""
+
+    def steps(self, request: Any, step_tokens: int) -> Iterator[Any]:
+        """The request's work, checked against the deployment's token budgets now (raises
+        :class:`~zoo.errors.RequestTooLarge`, before any model work): a generator of bounded steps (at most
+        ``step_tokens`` tokens each), each yielding ``None`` or something the client is sent as it comes (see
+        :meth:`chunk`), returning the result."""
+
+    def content_type(self, request: Any) -> str:
+        """The media type of a successful reply."""
+
+    def chunk(self, job: Any, fresh: list[Any]) -> bytes:
+        """The bytes a call sends for a job (a :class:`zoo.api.scheduler.Job`: typed ``Any`` because the scheduler
+        imports this module) once its status line went out: what its steps yielded since the last call
+        (``fresh``), and the rest of the reply when the job is done (its error, if it failed)."""
+
+    def error(self, err: Exception | None, what: str = "request") -> tuple[int, dict[str, Any]]:
+        """The HTTP status and body of a request's error (``None`` or a non-zoo exception: a bug, 500)."""
+
+
+def dialect_names() -> list[str]:
+    return sorted(DIALECTS)
+
+
+def load_dialects(service: Service, served: str) -> dict[str, Dialect]:
+    """Every registered dialect over ``service``'s model, by name."""
+    out = {}
+    for name, target in DIALECTS.items():
+        module, cls = target.split(":")
+        out[name] = getattr(import_module(module), cls)(service, served)
+    return out
+
+
+def choose(dialects: dict[str, Dialect], header: str) -> Dialect:
+    """The dialect an ``X-Zoo-Api`` header names (empty: :data:`DEFAULT`; unknown: a 400 naming the header)."""
+    name = header.strip().lower() or DEFAULT
+    if name not in dialects:
+        raise InvalidRequest("X-Zoo-Api", f"unknown API {name[:40]!r}; known: {', '.join(sorted(dialects))}")
+    return dialects[name]
