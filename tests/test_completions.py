@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tests.conftest import TINY_ARCHS, tiny_lm, tiny_tokenizer
-from zoo.api.completions import MAX_LOGPROBS, CompletionRun, parse_completion
+from zoo.api.completions import MAX_LOGPROBS, CompletionRun, OpenAIDialect, parse_completion
 from zoo.api.http import openai_error_of
-from zoo.api.service import Limits
+from zoo.api.service import Limits, Service, parse_body
 from zoo.errors import InvalidRequest, ModelNotServed, RequestTooLarge
 from zoo.pretrained import ZooModel
 
@@ -62,12 +62,14 @@ def test_echoed_logprobs_sum_to_zoo_score(variant):
 def test_top_logprobs_are_the_most_likely_tokens_and_agree_with_the_token(model):
     reply, _ = _run(model, prompt=TEXTS[1], max_tokens=0, echo=True, logprobs=3)
     lp = reply["choices"][0]["logprobs"]
+    outside = 0
     for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
-        assert len(top) == 3 and list(top.values()) == sorted(top.values(), reverse=True)
-        assert value <= max(top.values())
-        if tok in top:  # the same float32 softmax: equal to the bit, so a greedy check (lm-eval's) is exact
-            assert top[tok] == value
-        assert math.isclose(sum(math.exp(v) for v in top.values()) + 0.0, sum(math.exp(v) for v in top.values()))
+        assert top[tok] == value  # the token is always there (as vLLM), the same float32 softmax: equal to the bit
+        best = dict(list(top.items())[:3])
+        assert list(best.values()) == sorted(best.values(), reverse=True) and value <= max(best.values())
+        assert len(top) == 3 + (tok not in best)  # the top 3, and the token when it is not among them
+        outside += tok not in best
+    assert outside > 0  # (the case that matters occurs in this text)
 
 
 def test_token_id_prompt_is_literal_and_its_first_id_has_no_logprob(model):
@@ -76,7 +78,8 @@ def test_token_id_prompt_is_literal_and_its_first_id_has_no_logprob(model):
     reply, _ = _run(model, prompt=[tok.eos_id, *ids], max_tokens=0, echo=True, logprobs=0)
     lp = reply["choices"][0]["logprobs"]
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-    assert all(t == {} for t in lp["top_logprobs"][1:])  # logprobs: 0 -> the token's own value, no alternatives
+    assert all(t == {tk: v} for t, tk, v in zip(lp["top_logprobs"][1:], lp["tokens"][1:], lp["token_logprobs"][1:],
+                                                 strict=True))  # logprobs: 0 -> the token alone
     text, _ = _run(model, prompt=TEXTS[0], max_tokens=0, echo=True, logprobs=0)
     assert lp["token_logprobs"][1:] == text["choices"][0]["logprobs"]["token_logprobs"]  # lm-eval's [<eos>, ...]
 
@@ -129,7 +132,53 @@ def test_stop_sequences_cut_the_text_and_its_tokens(model):
     choice = cut["choices"][0]
     assert choice["finish_reason"] == "stop" and stop not in choice["text"]
     assert text.startswith(choice["text"]) and choice["text"] == text[: text.index(stop)]
-    assert all(off < len(choice["text"]) for off in choice["logprobs"]["text_offset"])
+    assert all(off < len("the" + choice["text"]) for off in choice["logprobs"]["text_offset"])  # (prompt + text)
+    # the tokens are cut with the text: only those whose own text starts before the stop are reported and counted
+    kept = len(choice["logprobs"]["tokens"])
+    assert cut["usage"]["completion_tokens"] == kept < full["usage"]["completion_tokens"]
+    assert choice["logprobs"]["tokens"] == full["choices"][0]["logprobs"]["tokens"][:kept]
+
+
+def test_one_text_offset_convention_for_echoed_and_generated_tokens(model):
+    """Every offset is where the token's own text starts in the prompt followed by the completion (``text`` with
+    echo, ``prompt + text`` without), the space between words not included."""
+    for prompt in ("the cat sat", [model.tokenizer.eos_id, *model.tokenizer.encode("the cat", add_eos=False).ids]):
+        for echo in (True, False):
+            reply, _ = _run(model, prompt=prompt, max_tokens=12, echo=echo, logprobs=1, seed=4)
+            choice = reply["choices"][0]
+            shown = prompt if isinstance(prompt, str) else "\nthe cat"  # (the ids' display text: <eos> a line end)
+            whole = choice["text"] if echo else shown + choice["text"]
+            lp = choice["logprobs"]
+            assert len(lp["tokens"]) == (3 if echo else 0) + 12
+            for tok, off in zip(lp["tokens"], lp["text_offset"], strict=True):
+                piece = "\n" if tok == "<eos>" else tok
+                assert whole[off:off + len(piece)] == piece, (prompt, echo, tok, off, whole)
+
+
+def test_a_prompt_ending_in_a_line_end_is_read_with_that_line_ended(model):
+    reply, _ = _run(model, prompt="the cat sat\n", max_tokens=8, echo=True, logprobs=0, seed=2)
+    choice = reply["choices"][0]
+    assert choice["logprobs"]["tokens"][:4] == ["the", "cat", "sat", "<eos>"]  # what the model read
+    native = model.generate("the cat sat\n", max_new_tokens=8, seed=2)
+    assert choice["text"] == "the cat sat\n" + native and not native.startswith(" ")
+    assert [model.tokenizer.vocab[i] for i in model.generate_ids("the cat sat\n", max_new_tokens=8, seed=2)] == \
+        choice["logprobs"]["tokens"][4:]
+
+
+def test_top_k_is_honoured_as_the_native_routes(model):
+    def native(**sampling) -> str:
+        text = model.generate("the cat", max_new_tokens=12, seed=9, **sampling)
+        return text if text.startswith("\n") else " " + text  # (the completion reads on from the prompt)
+
+    for k in (1, 3):
+        reply, _ = _run(model, prompt="the cat", max_tokens=12, temperature=1.0, seed=9, top_k=k)
+        assert reply["choices"][0]["text"] == native(top_k=k)
+    greedy, _ = _run(model, prompt="the cat", max_tokens=12, temperature=0)
+    top1, _ = _run(model, prompt="the cat", max_tokens=12, temperature=1.0, seed=9, top_k=1)
+    assert top1["choices"][0]["text"] == greedy["choices"][0]["text"]
+    for off in (0, -1):  # every token (vLLM's -1 and 0)
+        reply, _ = _run(model, prompt="the cat", max_tokens=12, temperature=1.0, seed=9, top_k=off)
+        assert reply["choices"][0]["text"] == native()
 
 
 def test_stream_events_add_up_to_the_whole_reply(model):
@@ -189,6 +238,9 @@ BAD = [
     ({"prompt": "the", "temperature": -0.1}, "temperature", 400),
     ({"prompt": "the", "temperature": float("nan")}, "temperature", 400),
     ({"prompt": "the", "top_p": 0}, "top_p", 400),
+    ({"prompt": "the", "top_k": -2}, "top_k", 400),
+    ({"prompt": "the", "top_k": "5"}, "top_k", 400),
+    ({"prompt": "the", "top_k": 1.5}, "top_k", 400),
     ({"prompt": "the", "seed": -1}, "seed", 400),
     ({"prompt": "the", "seed": 2**64}, "seed", 400),
     ({"prompt": "the", "stop": ""}, "stop[0]", 400),
@@ -214,6 +266,18 @@ def test_bad_requests_are_refused_naming_the_field(model, payload, param, status
     assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["param"] == param
     assert len(body["error"]["message"]) < 300
     assert isinstance(info.value, RequestTooLarge) == (status == 413)
+
+
+def test_a_repeated_key_is_refused_as_on_the_native_route(model):
+    """Which of two values would win is the JSON parser's choice, not the client's: both routes refuse it."""
+    body = b'{"model": "tiny", "prompt": "the", "max_tokens": 2, "max_tokens": 3}'
+    with pytest.raises(InvalidRequest) as openai_route:
+        OpenAIDialect(Service(model, LIMITS), "tiny").parse(body, "application/json", LIMITS)
+    with pytest.raises(InvalidRequest) as native_route:
+        parse_body(b'{"task": "generate", "prompt": "the", "max_new_tokens": 2, "max_new_tokens": 3}',
+                   "application/json", LIMITS)
+    assert openai_route.value.field == native_route.value.field == "body"
+    assert "appears more than once" in str(openai_route.value) and "appears more than once" in str(native_route.value)
 
 
 def test_unknown_and_neutral_fields_are_accepted(model):

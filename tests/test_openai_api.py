@@ -123,6 +123,110 @@ def test_a_full_house_of_generations_is_a_503_in_openai_shape_with_retry_after(s
     assert scored.usage.prompt_tokens == 3
 
 
+# -- the route's contract, point by point (zoo/api/completions.py's docstring), as a client sees it --------------------
+def _pieces(tokens: list[str]) -> list[str]:
+    return ["\n" if t == "<eos>" else t for t in tokens]
+
+
+def test_every_text_offset_points_at_its_tokens_own_text(server):
+    """One convention for echoed and generated tokens: the offset of the token's first character in the prompt
+    followed by the completion (``text`` with echo, ``prompt + text`` without); ``<eos>`` at its line break, a
+    normalised token at the text it came from."""
+    prompt = "the company said it expects"
+    for echo in (True, False):
+        r = server.client.completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=0, echo=echo,
+                                             logprobs=1)
+        choice = r.choices[0]
+        whole = choice.text if echo else prompt + choice.text
+        lp = choice.logprobs
+        assert len(lp.tokens) == (5 if echo else 0) + 16 and lp.text_offset == sorted(lp.text_offset)
+        for piece, off in zip(_pieces(lp.tokens), lp.text_offset, strict=True):
+            assert whole[off:off + len(piece)] == piece, (echo, piece, off, whole)
+    r = server.client.completions.create(model=NAME, prompt="Sales rose 5 %", max_tokens=0, echo=True, logprobs=0)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == ["sales", "rose", "N", "N", "<eos>"]  # PTB's normalisation: `5` and `%` are each `N`
+    assert lp.text_offset == [0, 6, 11, 13, 14]
+
+
+def test_a_stop_sequence_cuts_logprobs_and_usage_with_the_text(server):
+    """Greedy text with a line end in it, stopped at that line end: the reply keeps the tokens before it, and no
+    more, in ``logprobs`` and ``usage``; streamed, the same."""
+    whole = server.client.completions.create(model=NAME, prompt="the market", max_tokens=40, temperature=0,
+                                             logprobs=1)
+    tokens = whole.choices[0].logprobs.tokens
+    assert "<eos>" in tokens, whole.choices[0].text  # (the greedy continuation has a line end within 40 tokens)
+    k = tokens.index("<eos>")
+    cut = server.client.completions.create(model=NAME, prompt="the market", max_tokens=40, temperature=0,
+                                           logprobs=1, stop=["\n"])
+    choice = cut.choices[0]
+    assert choice.finish_reason == "stop" and choice.text == whole.choices[0].text.split("\n")[0]
+    assert choice.logprobs.tokens == tokens[:k] and choice.logprobs.token_logprobs == \
+        whole.choices[0].logprobs.token_logprobs[:k]
+    assert cut.usage.completion_tokens == k and cut.usage.total_tokens == cut.usage.prompt_tokens + k
+    stream = server.client.completions.create(model=NAME, prompt="the market", max_tokens=40, temperature=0,
+                                              logprobs=1, stop=["\n"], stream=True,
+                                              stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert [t for c in chunks if c.choices for t in c.choices[0].logprobs.tokens] == tokens[:k]
+    assert chunks[-1].usage.completion_tokens == k
+
+
+def test_a_prompt_ending_in_a_line_end_is_read_with_that_line_ended(server):
+    """The model reads the line end as ``<eos>`` (the last echoed prompt token), so the completion starts a new
+    line, as ``prompt + text`` shows it; the native route and the Python API read it the same way."""
+    prompt = "the company said\n"
+    r = server.client.completions.create(model=NAME, prompt=prompt, max_tokens=10, temperature=0, echo=True,
+                                         logprobs=0)
+    lp = r.choices[0].logprobs
+    assert lp.tokens[:4] == ["the", "company", "said", "<eos>"]
+    ids = server.model.generate_ids(prompt, max_new_tokens=10, temperature=0)
+    assert lp.tokens[4:] == [server.model.tokenizer.vocab[i] for i in ids]
+    native = server.post(f"/predictions/{NAME}", {"task": "generate", "prompt": prompt, "max_new_tokens": 10,
+                                                  "temperature": 0}).json()["text"]
+    assert r.choices[0].text == prompt + native and not native.startswith(" ")
+
+
+def test_a_repeated_key_is_refused_as_on_the_native_route(server):
+    body = b'{"model": "default", "prompt": "the", "max_tokens": 2, "max_tokens": 3}'
+    r = server.post("/v1/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "body", r.text
+    assert "more than once" in r.json()["error"]["message"]
+    native = server.post(f"/predictions/{NAME}", b'{"task": "score", "text": "a", "text": "b"}')
+    assert native.status_code == 400 and native.json()["field"] == "body"
+
+
+def test_top_logprobs_include_the_chosen_token(server):
+    r = server.client.completions.create(model=NAME, prompt="the market", max_tokens=20, temperature=1.0, seed=3,
+                                         logprobs=1, echo=True)
+    lp = r.choices[0].logprobs
+    for tok, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[tok] == value and len(top) in (1, 2)
+    assert any(len(top) == 2 for top in lp.top_logprobs)  # (sampled tokens that are not the most likely one)
+
+
+def test_top_k_is_honoured(server):
+    """vLLM's ``top_k`` (sent as an extra field by the openai client): the native route's rule; a bad value 400."""
+    greedy = server.client.completions.create(model=NAME, prompt="the market", max_tokens=12, temperature=0)
+    top1 = server.client.completions.create(model=NAME, prompt="the market", max_tokens=12, temperature=1.0, seed=5,
+                                            extra_body={"top_k": 1})
+    assert top1.choices[0].text == greedy.choices[0].text
+    top5 = server.client.completions.create(model=NAME, prompt="the market", max_tokens=12, temperature=1.0, seed=5,
+                                            extra_body={"top_k": 5})
+    native = server.model.generate("the market", max_new_tokens=12, temperature=1.0, seed=5, top_k=5)
+    assert top5.choices[0].text.lstrip(" ") == native
+    with pytest.raises(openai.BadRequestError) as bad:
+        server.client.completions.create(model=NAME, prompt="the", max_tokens=1, extra_body={"top_k": -5})
+    assert bad.value.body["param"] == "top_k"
+
+
+def test_chat_completions_are_refused_in_one_line_saying_why(server):
+    with pytest.raises(openai.NotFoundError) as refused:
+        server.client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hello"}])
+    err = refused.value.body
+    assert err["code"] == "chat_not_supported" and "/v1/completions" in err["message"]
+    assert "\n" not in err["message"]
+
+
 def test_models_are_listed_with_the_zoos_facts(server):
     models = server.client.models.list()
     ids = [m.id for m in models.data]

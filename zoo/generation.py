@@ -1,7 +1,7 @@
 """Sampling from a runner with explicit state: greedy, temperature, top-k, top-p, seeded.
 
-The prompt is encoded like scored text (without a final ``<eos>``), preceded by one ``<eos>`` as
-the start-of-sentence context, run through the sequence path once, then extended one
+The prompt is encoded like scored text (without a final ``<eos>`` unless it ends in a line end), preceded by one
+``<eos>`` as the start-of-sentence context, run through the sequence path once, then extended one
 single-step call at a time; so the same code serves eager, TorchScript and ONNX Runtime runners
 (anything with ``init_state``, ``forward`` and ``step``).
 """
@@ -133,8 +133,11 @@ class Sampler:
 
 
 def prompt_context(tokenizer: Tokenizer, prompt: str) -> list[int]:
-    """A text prompt's context: one ``<eos>`` (the start of a sentence) and its tokens, its last line left open."""
-    return [tokenizer.eos_id] + tokenizer.encode(prompt, add_eos=False).ids
+    """A text prompt's context, as every route reads it: one ``<eos>`` (the start of a sentence) and its tokens,
+    each line end an ``<eos>``. A last line without a line end is left open (the continuation goes on with it); a
+    prompt that ends in a line end is read with that line ended, so the continuation starts a new line, as
+    ``prompt + text`` shows it."""
+    return [tokenizer.eos_id] + tokenizer.encode(prompt, add_eos=prompt.endswith("\n")).ids
 
 
 def sample_ids(runner, tokenizer: Tokenizer, prompt: str, params: SamplingParams) -> Iterator[int]:

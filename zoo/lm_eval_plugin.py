@@ -51,7 +51,15 @@ import torch
 import zoo
 from zoo.data import DATASETS, resolve_data_dir
 from zoo.errors import DataError, ZooError
-from zoo.generation import MIN_TEMPERATURE, Detokenizer, Sampler, SamplingParams, generate_steps, read_context
+from zoo.generation import (
+    MIN_TEMPERATURE,
+    Detokenizer,
+    Sampler,
+    SamplingParams,
+    generate_steps,
+    prompt_context,
+    read_context,
+)
 from zoo.scoring import LOGIT_BUDGET  # logits held at once (floats): bounds memory for any length
 
 try:
@@ -230,7 +238,7 @@ class ZooLM(LM):
         params = SamplingParams(max_new_tokens=0, temperature=temp, top_k=max(0, int(top_k)), top_p=float(top_p),
                                 seed=seed)  # (the length is ``limit``, which may exceed the library's own cap)
         runner, tok = self.model.runner, self.model.tokenizer
-        ids = [tok.eos_id, *self._ids(context)]
+        ids = prompt_context(tok, context)  # (the same ids as [<eos>, *self._ids(context)])
         state = read_context(runner, ids[:-1], len(tok))  # a long few-shot context in pieces, state carried
         pieces, text = Detokenizer(tok, before=context), ""
         for idx, _ in generate_steps(runner, Sampler(tok, params, ids), state, limit):

@@ -10,19 +10,31 @@ How a prompt is conditioned (the zoo's scoring protocol, :mod:`zoo.scoring`):
 * A **text** prompt is one or more lines, each ending with ``<eos>`` as in the corpora, its first token
   conditioned on one ``<eos>`` (the start of a sentence) from a zero state. So *every* token of a text prompt has a
   log-probability (none is ``null``) and, with ``max_tokens: 0``, their sum is ``zoo score``'s NLL of that text.
-  When tokens are generated (``max_tokens`` > 0) the prompt's last line is left open (no final ``<eos>``), as
-  ``zoo generate`` reads it, so the completion continues that line.
+  When tokens are generated (``max_tokens`` > 0) the prompt is read as ``zoo generate`` reads it
+  (:func:`zoo.generation.prompt_context`): a last line without a line end is left open (no final ``<eos>``), so the
+  completion continues that line; a prompt ending in a line end is read with that line ended (its ``<eos>`` is the
+  last prompt token), so the completion starts a new line, as ``prompt + text`` shows it.
 * A **token-id** prompt (a list of integers) is taken literally: its first id is the context, with no
   log-probability (``null``, as OpenAI servers report it), and each later id is conditioned on the ids before it
   from a zero state. lm-evaluation-harness sends ``[<eos>, t1, ..., tn]``, which is exactly the text protocol.
-* ``tokens`` (and the keys of ``top_logprobs``) are the model's vocabulary symbols (``the``, ``<eos>``, ``N``,
-  ``<unk>``): unique, unlike display text. ``text_offset`` is where each token's text starts in ``choices[i].text``
-  (for a text prompt, in the NFC form of the prompt, which is the prompt itself for NFC text); ``<eos>`` sits at
-  the line break it stands for, and a token the normalisation inserted (a character model's ``_``) at the next
-  character. Log-probabilities are natural logs of the model's own distribution (before temperature, top-p and the
-  ``<unk>`` rules), float32 softmax, reported as floats.
+* ``tokens`` are the model's vocabulary symbols (``the``, ``<eos>``, ``N``, ``<unk>``): unique, unlike display
+  text. ``top_logprobs[i]`` holds the ``logprobs`` most likely symbols at that position and always the token itself
+  (so ``logprobs`` or ``logprobs + 1`` entries, as vLLM reports them).
+* ``text_offset`` (one convention for every token, echoed or generated): where the token's own text starts in the
+  prompt followed by the completion, i.e. in ``choices[i].text`` with ``echo`` and in ``prompt + choices[i].text``
+  without (a token-id prompt counts as its display text). So ``text[o:o + len(tok)] == tok`` wherever the token is a
+  literal piece of the text (the space a word model puts between words is not part of the word). ``<eos>`` points
+  at the line break it stands for. A token the normalisation changed points at the first character of the text it
+  came from (PTB's ``N`` at ``1985``, ``sales`` at ``Sales``, a character model's ``_`` at its space; for a text
+  prompt, in the NFC form of the prompt, which is the prompt itself for NFC text); one it inserted (a character
+  model's spelled ``<unk>``) at the next character. Log-probabilities are natural logs of the model's own
+  distribution (before temperature, top-k, top-p and the ``<unk>`` rules), float32 softmax, reported as floats.
 * Generated text is the native route's ``text``, with one space in front for a word model when the prompt is
-  non-empty and does not end in white space (so ``prompt + text`` reads as words, as ``echo`` shows it).
+  non-empty and does not end in white space (so ``prompt + text`` reads as words, as ``echo`` shows it). At a
+  ``stop`` sequence the text is cut before it, and the tokens are cut with it: a generated token whose own text
+  starts at or after the cut is neither reported in ``logprobs`` nor counted in ``usage``.
+* Sampling fields: ``temperature``, ``top_p``, ``seed`` and vLLM's ``top_k`` (0 or -1: every token), the native
+  route's sampling rule (:class:`zoo.generation.Sampler`). A field outside the schema is ignored (as vLLM does).
 
 Work is done in slices (:meth:`CompletionRun.steps`: at most ``positions`` prompt tokens or one generated
 token each), so a server can interleave a long request with other requests' work.
@@ -146,9 +158,10 @@ def _neutral(payload: Mapping[str, Any]) -> None:
 
 def parse_completion(payload: Any, tokenizer: Tokenizer, limits: Any, served: str | None = None
                      ) -> CompletionRequest:
-    """A decoded JSON body -> a validated :class:`CompletionRequest` (unknown fields are ignored, as OpenAI does;
-    wrong types and ranges raise :class:`InvalidRequest` naming the field, over-budget requests
-    :class:`~zoo.errors.RequestTooLarge`, a model not served here :class:`ModelNotServed`)."""
+    """A decoded JSON body -> a validated :class:`CompletionRequest` (fields outside OpenAI's schema and vLLM's
+    ``top_k`` are ignored, as vLLM ignores them; OpenAI's own service refuses them with a 400; wrong types and ranges
+    raise :class:`InvalidRequest` naming the field, over-budget requests :class:`~zoo.errors.RequestTooLarge`, a
+    model not served here :class:`~zoo.errors.ModelNotServed`)."""
     if not isinstance(payload, Mapping):
         raise InvalidRequest("body", f"expected a JSON object, got {json_type(payload)}")
     model = payload.get("model")
@@ -170,8 +183,9 @@ def parse_completion(payload: Any, tokenizer: Tokenizer, limits: Any, served: st
     if logprobs is not None:
         logprobs = as_int(logprobs, "logprobs", 0, MAX_LOGPROBS)
     temperature = as_float(opt("temperature", 1.0), "temperature", 0.0, min(MAX_TEMPERATURE, limits.max_temperature))
-    sampling = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=opt("top_p", 1.0),
-                              seed=payload.get("seed"))
+    top_k = as_int(opt("top_k", 0), "top_k", -1, limits.max_top_k)  # (vLLM's extension; -1 or 0: all tokens)
+    sampling = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=max(0, top_k),
+                              top_p=opt("top_p", 1.0), seed=payload.get("seed"))
     options = opt("stream_options", {})
     if not isinstance(options, Mapping):
         raise InvalidRequest("stream_options", f"must be an object, got {json_type(options)}")
@@ -209,9 +223,9 @@ def _context(prompt: Prompt, tokenizer: Tokenizer, max_tokens: int) -> tuple[lis
     """``(context ids, echoed ids, encoding or None)``: what the model reads, and which of it is reported."""
     if prompt.text is None:
         return list(prompt.ids), list(prompt.ids), None
-    if max_tokens > 0:
+    if max_tokens > 0:  # (a final line end is read as <eos>: prompt_context)
         ctx = prompt_context(tokenizer, prompt.text)
-        return ctx, ctx[1:], tokenizer.encode(prompt.text, add_eos=False)
+        return ctx, ctx[1:], tokenizer.encode(prompt.text, add_eos=prompt.text.endswith("\n"))
     enc = tokenizer.encode(prompt.text)
     return [tokenizer.eos_id] + enc.ids, enc.ids, enc
 
@@ -247,7 +261,9 @@ class Choice:
     tokens: list[str] = field(default_factory=list)
     token_logprobs: list[float | None] = field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
-    text_offset: list[int] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)  # in ``text``; reported plus ``shift``
+    shift: int = 0  # what precedes ``text`` in the string the offsets index: the prompt, when it is not echoed
+    generated_at: list[int] = field(default_factory=list)  # where each generated token's own text starts in ``text``
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -258,7 +274,8 @@ class Choice:
 
     def logprobs(self, since: int = 0) -> dict[str, Any]:
         return {"tokens": self.tokens[since:], "token_logprobs": self.token_logprobs[since:],
-                "top_logprobs": self.top_logprobs[since:], "text_offset": self.text_offset[since:]}
+                "top_logprobs": self.top_logprobs[since:],
+                "text_offset": [o + self.shift for o in self.text_offset[since:]]}
 
 
 class CompletionRun:
@@ -322,14 +339,16 @@ class CompletionRun:
         yield from self._generate(choice, prompt, ctx, state)
 
     def _report(self, choice: Choice, logits: torch.Tensor, targets: list[int]) -> None:
-        """Each target's log-probability and the top alternatives at its position, from one float32 softmax (so a
-        target that is the most likely token equals its entry in ``top_logprobs`` exactly)."""
+        """Each target's log-probability and the top alternatives at its position, the target among them (``k`` or
+        ``k + 1`` entries), from one float32 softmax (so a target's entry equals its ``token_logprobs`` exactly)."""
         logp = torch.log_softmax(logits.float(), dim=-1).cpu()
         k = self.request.logprobs or 0
         top = torch.topk(logp, k, dim=-1) if k else None
+        vocab = self.model.tokenizer.vocab
         for t, target in enumerate(targets):
-            alts = {self.model.tokenizer.vocab[int(i)]: float(v)
+            alts = {vocab[int(i)]: float(v)
                     for v, i in zip(top.values[t].tolist(), top.indices[t].tolist(), strict=True)} if top else {}
+            alts.setdefault(vocab[target], float(logp[t, target]))  # the token itself is always there (as vLLM)
             self._add(choice, target, float(logp[t, target]), alts)
 
     def _add(self, choice: Choice, idx: int, logprob: float | None, alts: dict[str, float] | None) -> None:
@@ -347,8 +366,9 @@ class CompletionRun:
             pieces = Detokenizer(self.model.tokenizer)
             offsets = []
             for idx in echoed:
-                offsets.append(len(choice.text))
-                choice.text += pieces.piece(idx)
+                piece = pieces.piece(idx)
+                offsets.append(len(choice.text) + _lead(piece, self.model.tokenizer, idx))
+                choice.text += piece
         if self.request.logprobs is not None:
             choice.text_offset = offsets
 
@@ -362,16 +382,18 @@ class CompletionRun:
             return
         shown = prompt.text if prompt.text is not None else "".join(map(Detokenizer(tok).piece, prompt.ids))
         pieces = Detokenizer(tok, before=shown)
+        choice.shift = 0 if req.echo else len(shown)
         generated = ""
         base = len(choice.text)
         for nxt, row in generate_steps(self.model.runner, Sampler(tok, req.sampling, list(ctx)), state,
                                        req.max_tokens):
-            offset = base + len(generated)
-            generated += pieces.piece(nxt)
+            piece = pieces.piece(nxt)
+            choice.generated_at.append(base + len(generated) + _lead(piece, tok, nxt))
+            generated += piece
             choice.completion_tokens += 1
             if req.logprobs is not None:
                 self._report(choice, row[None], [nxt])
-                choice.text_offset.append(offset)
+                choice.text_offset.append(choice.generated_at[-1])
             cut = _stop_at(generated, req.stop)
             if cut is not None:
                 choice.text = choice.text[:base] + generated[:cut]
@@ -381,13 +403,14 @@ class CompletionRun:
             choice.text = choice.text[:base] + generated
             yield
 
-    @staticmethod
-    def _trim(choice: Choice, end: int) -> None:
-        """Drop the reported tokens that start at or after a stop sequence (they are not in the text)."""
-        keep = sum(1 for o in choice.text_offset if o < end) if choice.text_offset else len(choice.tokens)
-        if choice.text_offset:
-            del choice.tokens[keep:], choice.token_logprobs[keep:], choice.top_logprobs[keep:]
-            del choice.text_offset[keep:]
+    def _trim(self, choice: Choice, end: int) -> None:
+        """Cut the generated tokens with the text at a stop sequence: a token whose own text starts at or after
+        ``end`` is not in the text, so it is neither reported nor counted in ``usage``."""
+        drop = sum(1 for o in choice.generated_at if o >= end)
+        choice.completion_tokens -= drop
+        if drop and self.request.logprobs is not None:
+            del choice.tokens[-drop:], choice.token_logprobs[-drop:], choice.top_logprobs[-drop:]
+            del choice.text_offset[-drop:]
 
     # the reply -----------------------------------------------------------------------------------------------
     def _head(self) -> dict[str, Any]:
@@ -432,6 +455,11 @@ class CompletionRun:
 
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + to_json(obj) + b"\n\n"
+
+
+def _lead(piece: str, tokenizer: Tokenizer, idx: int) -> int:
+    """The space :class:`~zoo.generation.Detokenizer` put before a token's own text (0 or 1 character)."""
+    return len(piece) - len(tokenizer.token_text(idx))
 
 
 def _stop_at(text: str, stops: Sequence[str]) -> int | None:

@@ -47,6 +47,9 @@ ERRORFILE_STATUSES = (400, 401, 403, 404, 405, 408, 410, 413, 425, 429, 500, 501
 RETRY_AFTER_S = 1
 BUSY = "the model server is busy (its queue is full) or not answering; retry after the Retry-After seconds"
 ROUTES = "POST /predictions/<model>, GET /ping, POST /v1/completions, GET /v1/models"
+#: why /v1/chat/completions is not served (its own 404, so a chat client is told what to do instead)
+CHAT = ("chat completions are not served: these models are plain language models trained on corpus text, with no "
+        "chat template and no roles; send the text as a prompt to POST /v1/completions")
 
 
 class FrontDoorError(ConfigError):
@@ -89,6 +92,7 @@ def _bodies(cfg: Any) -> dict[str, dict[str, Any]]:
         "404-v1-model.json": openai_error(404, f"the model does not exist; served: {', '.join(cfg.models)} "
                                                "(GET /v1/models)", param="model", kind="model_not_found"),
         "404-v1.json": openai_error(404, f"not found: {ROUTES}", kind="not_found"),
+        "404-v1-chat.json": openai_error(404, CHAT, kind="chat_not_supported"),
         "503.json": zoo_error(503, busy),
         "503-v1.json": openai_error(503, busy, kind="overloaded"),
     }
