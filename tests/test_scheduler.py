@@ -5,10 +5,13 @@ the real TorchServe is tested in tests/test_serving.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from tests.conftest import tiny_lm, tiny_tokenizer
+from zoo.api.completions import OpenAIDialect
 from zoo.api.http import error_status, native_error
 from zoo.api.native import NativeDialect
 from zoo.api.scheduler import Scheduler
@@ -116,3 +119,30 @@ def test_generations_never_take_every_place(service):
     _finish(sched, ["a", "b", "s"])
     sched.forget(["a"])
     sched.admit("c", parse_request(gen, LIMITS), NativeDialect(service, "tiny"))  # a place freed
+
+
+def test_completions_share_the_generation_places_and_score_in_steps(service):
+    """The scheduler asks each request's dialect, never its type: an OpenAI completion that generates takes a place
+    like a native generation (the third of either is refused), one that only scores (``max_tokens: 0``) does not,
+    and a completion run in steps answers what the Python API answers."""
+    native, openai = NativeDialect(service, "tiny"), OpenAIDialect(service, "tiny")
+    sched = Scheduler(service, step_tokens=4, max_generations=2)
+
+    def completion(**fields):
+        body = json.dumps({"model": "tiny", "prompt": "the cat", **fields}).encode()
+        return openai.parse(body, "application/json", LIMITS)
+
+    sched.admit("o", completion(max_tokens=20, seed=3), openai)
+    sched.admit("n", parse_request({"task": "generate", "prompt": "the", "max_new_tokens": 20}, LIMITS), native)
+    for key, request, dialect in (("o2", completion(max_tokens=1), openai),
+                                  ("n2", parse_request({"task": "generate", "prompt": "a"}, LIMITS), native)):
+        with pytest.raises(ServerBusy):
+            sched.admit(key, request, dialect)
+    sched.admit("scored", completion(max_tokens=0, echo=True, logprobs=0), openai)
+    assert [k for k, j in sched.jobs.items() if j.generates] == ["o", "n"]
+    _finish(sched, ["o", "n", "scored"])
+    reply = sched.jobs["o"].result
+    assert reply["choices"][0]["text"].lstrip(" ") == service.model.generate("the cat", max_new_tokens=20, seed=3)
+    logprobs = sched.jobs["scored"].result["choices"][0]["logprobs"]["token_logprobs"]
+    want = [t["logprob"] for t in service.model.score("the cat", return_tokens=True).texts[0]["tokens"]]
+    assert logprobs == pytest.approx(want, rel=1e-5)

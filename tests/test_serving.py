@@ -945,9 +945,11 @@ def test_wrong_methods_are_refused(server):
     for path in ("/api-description", "/explanations/default", "/metrics", "/predictions", "/predictions/"):
         r = server.http.post(server.inference + path, headers=headers, data=b"{}", timeout=HTTP_TIMEOUT)
         assert r.status_code == 404 and r.json()["type"] == "NotFound", (path, r.status_code, r.text)
-    for path in ("/v1/models/default:predict", "/v1/chat/completions", "/v1/completions/"):
+    for path in ("/v1/models/default:predict", "/v1/completions/"):
         r = server.http.post(server.inference + path, headers=headers, json={}, timeout=HTTP_TIMEOUT)
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", (path, r.status_code, r.text)
+    r = server.http.post(server.inference + "/v1/chat/completions", headers=headers, json={}, timeout=HTTP_TIMEOUT)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "chat_not_supported", r.text  # (and says why)
     for method in ("POST", "DELETE", "PUT"):
         r = server.http.request(method, server.inference + "/ping", headers=headers, timeout=HTTP_TIMEOUT)
         assert r.status_code == 405 and r.headers["Allow"] == "GET, HEAD", (method, r.status_code, r.headers)
