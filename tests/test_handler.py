@@ -69,8 +69,7 @@ def model_dir(tmp_path_factory) -> str:
     return str(save_checkpoint(tmp_path_factory.mktemp("handler") / "tiny", lm, tiny_tokenizer(), {"name": "tiny"}))
 
 
-@pytest.fixture
-def worker(model_dir):
+def _worker(model_dir: str):
     spec = importlib.util.spec_from_file_location("zoo_torchserve_handler", REPO / "serving" / "handler.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -79,12 +78,18 @@ def worker(model_dir):
     return handler
 
 
+@pytest.fixture
+def worker(model_dir):
+    return _worker(model_dir)
+
+
 class Call:
     """One ``handle`` call: the batch's rows (a new request has a body; a running one none) and what came back."""
 
-    def __init__(self, worker, model_dir: str, rows: list[tuple[str, dict[str, Any] | None, dict[str, str]]]):
+    def __init__(self, worker, model_dir: str, rows: list[tuple[str, dict[str, Any] | bytes | None, dict[str, str]]]):
         self.context = TorchServeContext(model_dir, [(rid, headers) for rid, _, headers in rows])
-        data = [{"body": json.dumps(body).encode()} if body is not None else {} for _, body, _ in rows]
+        data = [{} if body is None else {"body": body if isinstance(body, bytes) else json.dumps(body).encode()}
+                for _, body, _ in rows]
         self.out = worker.handle(data, self.context)
         self.ids = [rid for rid, _, _ in rows]
 
@@ -167,3 +172,44 @@ def test_a_full_house_of_generations_is_a_503_with_retry_after_on_both_routes(wo
     assert (err["type"], err["code"]) == ("server_error", "overloaded") and "generation" in err["message"]
     assert call["s"][:3] == (200, call["s"][1], True) and json.loads(call["s"][1])["corpus"]["num_tokens"] == 3
     assert call["o3"][0] == 200 and call["o3"][2] is True
+
+
+class PlainScores:
+    """A third wire format, as docs/develop/extending.md describes one: a text/plain body in, its NLL as one text
+    line out. One class and one registry entry; the scheduler and the adapter are not touched."""
+
+    def __init__(self, service, served: str):
+        self.service = service
+
+    def parse(self, raw: Any, content_type: str, limits: Any) -> Any:
+        from zoo.api.service import ScoreRequest
+
+        return ScoreRequest((bytes(raw).decode("utf-8"),))
+
+    def generates(self, request: Any) -> bool:
+        return False
+
+    def steps(self, request: Any, step_tokens: int) -> Any:
+        return self.service.score_steps(request, step_tokens, self.service.within_budget(request))
+
+    def content_type(self, request: Any) -> str:
+        return "text/plain"
+
+    def chunk(self, job: Any, fresh: list[Any]) -> bytes:
+        return f"{job.result['corpus']['nll']!r}\n".encode() if job.done else b""
+
+    def error(self, err: Exception | None, what: str = "request") -> tuple[int, dict[str, Any]]:
+        from zoo.api.http import native_error
+
+        return native_error(err, what)
+
+
+def test_a_third_dialect_is_one_class_and_one_registry_entry(model_dir, monkeypatch):
+    from zoo.api import dialects
+
+    monkeypatch.setitem(dialects.DIALECTS, "plain", f"{__name__}:PlainScores")
+    worker = _worker(model_dir)
+    call = Call(worker, model_dir, [("p", b"the cat sat", {"X-Zoo-Api": "plain"})])
+    status, body, more, _ = call["p"]
+    assert (status, more) == (200, True) and call.context.content_type[0] == "text/plain"
+    assert float(body) == pytest.approx(worker.model.score("the cat sat").corpus["nll"], rel=1e-6)
