@@ -116,7 +116,7 @@ MODULE_TIERS: dict[str, str] = {
     **dict.fromkeys([  # (test_lint runs ruff: a Rust binary, a second or two)
         "test_adaptive_linear", "test_alstm", "test_cards_bundle", "test_checkpoint", "test_cli", "test_compat",
         "test_completions", "test_data", "test_device", "test_dynamic", "test_fast_paths", "test_fused_loss",
-        "test_generation", "test_hf", "test_hyper_graphs", "test_hyperlstm", "test_layers", "test_limits",
+        "test_generation", "test_hf", "test_hyper_graphs", "test_offline_routes", "test_hyperlstm", "test_layers", "test_limits",
         "test_lint", "test_markers", "test_model_cache", "test_models_common", "test_pnorm_gru", "test_precision",
         "test_readme", "test_scheduler", "test_scoring", "test_sentences", "test_service", "test_tiers",
         "test_tokenizer", "test_tokenizer_json", "test_toy_architecture"], "unit"),
@@ -133,6 +133,7 @@ MODULE_TIERS: dict[str, str] = {
 TEST_TIERS: dict[str, str] = {
     **dict.fromkeys([  # each starts `python -m zoo.cli`, app.py, a benchmark or the harness in a subprocess
         "test_cli::test_score_file_per_line_and_stdin",
+        "test_offline_routes::test_cli_download_with_no_network_is_one_line_naming_the_bundled_copy",
         "test_cli::test_default_model_scores_offline_from_the_bundled_copy",
         "test_cli::test_zoo_eval_defaults_reproduce_the_card",
         "test_device::test_harness_command_refuses_a_missing_gpu_with_exit_2",
