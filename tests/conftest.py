@@ -116,7 +116,7 @@ MODULE_TIERS: dict[str, str] = {
     **dict.fromkeys([  # (test_lint runs ruff: a Rust binary, a second or two)
         "test_adaptive_linear", "test_alstm", "test_cards_bundle", "test_checkpoint", "test_cli", "test_compat",
         "test_completions", "test_data", "test_device", "test_dynamic", "test_fast_paths", "test_fused_loss",
-        "test_generation", "test_hf", "test_hyper_graphs", "test_offline_routes", "test_hyperlstm", "test_layers", "test_limits",
+        "test_generation", "test_hf", "test_hyper_graphs", "test_hyperlstm", "test_layers", "test_limits",
         "test_lint", "test_markers", "test_model_cache", "test_models_common", "test_pnorm_gru", "test_precision",
         "test_readme", "test_scheduler", "test_scoring", "test_sentences", "test_service", "test_tiers",
         "test_tokenizer", "test_tokenizer_json", "test_toy_architecture"], "unit"),
@@ -125,6 +125,9 @@ MODULE_TIERS: dict[str, str] = {
         "test_app", "test_campaign", "test_docs", "test_export", "test_ferry", "test_lm_eval",
         "test_onnx_without_torch", "test_openai_api", "test_serving", "test_supervision", "test_train"], "system"),
     "test_browser": "browser",
+    # issue 54 (what a newcomer sees): the docs, the offline routes, the API reference's strict build
+    **dict.fromkeys(["test_newcomer_docs", "test_offline_routes"], "unit"),
+    "test_api_reference": "system",
     **dict.fromkeys(["test_hub", "test_wheel"], "hub"),
 }
 

@@ -1,0 +1,36 @@
+"""What a newcomer reads first holds (issue 54, point 3): the Data page names every registered corpus with its
+licence and layout and is linked from the README; the Scoring guide's sections start with a sentence; the docs
+config names the site and the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from zoo.datasets import DATASETS
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_PAGE = REPO / "docs" / "guides" / "data.md"
+
+
+def test_data_page_names_every_corpus_its_licence_and_layout():
+    page = DATA_PAGE.read_text(encoding="utf-8")
+    for name, spec in DATASETS.items():
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{name}` |"))
+        assert spec.licence in row, (name, spec.licence)
+        assert f"{name}/" in page  # its folder in the layout
+    assert "ZOO_DATA_DIR" in page and "train.txt  valid.txt  test.txt" in page
+    assert "(docs/guides/data.md)" in (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_every_scoring_section_opens_with_a_sentence():
+    text = (REPO / "docs" / "guides" / "scoring.md").read_text(encoding="utf-8")
+    for m in re.finditer(r"^## (.+)\n\n(\S)", text, re.M):
+        assert not m[2].islower(), f"section {m[1]!r} starts mid-sentence"
+
+
+def test_docs_config_names_the_site_and_the_repository():
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:")[0].replace("!!", ""))
+    assert config["site_url"].startswith("https://") and config["repo_url"].startswith("https://github.com/")
