@@ -126,7 +126,7 @@ MODULE_TIERS: dict[str, str] = {
         "test_onnx_without_torch", "test_openai_api", "test_serving", "test_supervision", "test_train"], "system"),
     "test_browser": "browser",
     # issue 54 (what a newcomer sees): the docs, the offline routes, the API reference's strict build
-    **dict.fromkeys(["test_newcomer_docs", "test_offline_routes"], "unit"),
+    **dict.fromkeys(["test_comparable_bits", "test_newcomer_docs", "test_offline_routes"], "unit"),
     "test_api_reference": "system",
     **dict.fromkeys(["test_hub", "test_wheel"], "hub"),
 }

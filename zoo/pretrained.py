@@ -351,8 +351,7 @@ class ZooModel:
             stream = corpus.split(split)
             lp = dynamic_logprobs(self.lm, stream[:-1], stream[1:], dyn, progress=progress,
                                   desc=f"{dataset}/{split} (dynamic)", stats=stats)
-            res = summarize(float(-lp.sum()), lp.numel(), 0)
-            res.pop("bits_per_input_char")
+            res = summarize(float(-lp.sum()), lp.numel(), None)
             res.update(batch_size=1, dynamic=dyn.to_dict())
         elif proto["mode"] == "sentences":
             seqs = sentences(corpus.split(split), self.tokenizer.eos_id, proto["max_len"])

@@ -87,6 +87,7 @@ def score_one(model: ZooModel, text: str, dynamic: bool = False) -> dict[str, An
     return {
         "model": model.name, "architecture": model.lm.architecture, "num_parameters": model.num_parameters,
         "perplexity": res["ppl"], "bits_per_input_char": res["bits_per_input_char"],
+        "bits_per_input_char_charged": res["bits_per_input_char_charged"], "num_unseen_chars": res["num_unseen_chars"],
         "bits_per_token": res["bits_per_token"],
         "num_tokens": res["num_tokens"], "num_unk": res["num_unk"], "oov": res["oov"],
         "num_dropped": res["num_dropped"], "dropped_items": res.get("dropped_items", []),
@@ -104,14 +105,20 @@ def _dynamic_effect(model: ZooModel, text: str, res: dict[str, Any]) -> dict[str
             "dynamic_updates": max(0, (res["num_tokens"] - 1) // segment)}
 
 
+def signed_percent(change: float) -> str:
+    """``change`` as a signed percentage to one decimal; a change that rounds to zero is "0.0%", never "-0.0%"."""
+    shown = round(change * 100, 1)
+    return "0.0%" if shown == 0 else f"{shown:+.1f}%"
+
+
 def _dynamic_note(results: list[dict[str, Any]]) -> str:
     """The summary's first line for a dynamic score: that it ran, and how far it moved each model's number."""
     parts = []
     for r in results:
         change = r["perplexity"] / r["static_perplexity"] - 1 if r["static_perplexity"] else 0.0
         parts.append(f"{html.escape(r['model'])}: perplexity {_fmt(r['perplexity'])} against "
-                     f"{_fmt(r['static_perplexity'])} without it ({change:+.1%}; {r['dynamic_updates']} weight "
-                     f"update(s), one per {r['dynamic_segment']} tokens)")
+                     f"{_fmt(r['static_perplexity'])} without it ({signed_percent(change)}; "
+                     f"{r['dynamic_updates']} weight update(s), one per {r['dynamic_segment']} tokens)")
     return ("**Scored by dynamic evaluation** (the weights adapt to the text as it is read): " + "; ".join(parts)
             + ".\n\n")
 

@@ -117,9 +117,11 @@ class ModelRegistry:
         for name, entry in self.entries.items():
             meta, met = entry["meta"], entry["meta"].get("metrics") or {}
             params = meta.get("num_parameters")
+            digits = 3 if met.get("metric") == "bits_per_char" else 2  # bits per character as the cards give them
             rows.append([name + (" (default)" if name == self.default else ""), meta.get("architecture") or "",
                          meta.get("dataset") or "", f"{params:,}" if isinstance(params, int) else "",
-                         _fmt(met.get("valid")), _fmt(met.get("test")), met.get("metric") or "", entry["source"]])
+                         _fmt(met.get("valid"), digits), _fmt(met.get("test"), digits), met.get("metric") or "",
+                         entry["source"]])
         return rows
 
     def card(self, name: str) -> str:
