@@ -127,7 +127,7 @@ MODULE_TIERS: dict[str, str] = {
     "test_browser": "browser",
     # issue 54 (what a newcomer sees): the docs, the offline routes, the API reference's strict build
     **dict.fromkeys(["test_comparable_bits", "test_newcomer_docs", "test_offline_routes"], "unit"),
-    **dict.fromkeys(["test_api_reference", "test_demo_messages"], "system"),
+    **dict.fromkeys(["test_api_reference", "test_demo_messages", "test_wheel_prebuilt"], "system"),
     **dict.fromkeys(["test_hub", "test_wheel"], "hub"),
 }
 

@@ -34,3 +34,27 @@ def test_every_scoring_section_opens_with_a_sentence():
 def test_docs_config_names_the_site_and_the_repository():
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:")[0].replace("!!", ""))
     assert config["site_url"].startswith("https://") and config["repo_url"].startswith("https://github.com/")
+
+
+#: The example texts of the pages a newcomer copies from: a command's --text / --prompt, a request's "texts", a
+#: Python call's text. Those that show what happens to unknown words on purpose start with "Hello".
+EXAMPLE = re.compile(r'--(?:text|prompt) "([^"]+)"|"texts": \["([^"]+)"|\.score\(\[?"([^"]+)"|'
+                     r'(?:generate|stream)\("([^"]+)"')
+PAGES = ["README.md", "serving/README.md", "exports/README.md", *sorted(
+    p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "guides").glob("*.md"))]
+
+
+def test_example_sentences_are_in_the_default_models_vocabulary():
+    """An example that scores a word as <unk> shows the model at its worst (the server guide's `mat`)."""
+    import zoo
+
+    tokenizer = zoo.load("default", source="bundled").tokenizer
+    seen = []
+    for page in PAGES:
+        for m in EXAMPLE.finditer((REPO / page).read_text(encoding="utf-8")):
+            text = next(g for g in m.groups() if g)
+            if text.startswith("Hello") or "\\n" in text or "_" in text:  # on purpose; escaped lines; char models
+                continue
+            seen.append(text)
+            assert tokenizer.encode(text).oov_items == [], (page, text)
+    assert len(seen) >= 8 and "the stock market fell sharply on monday" in seen
