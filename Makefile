@@ -48,7 +48,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q -c $(CONSTRAINTS) $(TORCH_PIN)
 	@echo "zoo: [3/4] installing the zoo and its extras (editable; a minute or more, silent)"
 	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[all]'
-	@echo "zoo: [4/4] compiling the two C++ inference loops, aLSTM's and HyperLSTM's (once; usually 1 to 4 minutes each)"
+	@echo "zoo: [4/4] compiling the C++ inference loops, two of them: the aLSTM's and the HyperLSTM's (once; usually 1 to 4 minutes each)"
 	@$(VENV)/bin/zoo build-ext || echo "(the C++ inference loops did not build: the Python loops will be used)"
 	@touch $(STAMP)
 

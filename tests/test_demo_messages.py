@@ -111,3 +111,29 @@ def _answers(url: str) -> bool:
             return True
     except OSError:
         return False
+
+
+def test_make_demo_prints_only_its_announced_steps():
+    """`make demo` / `make venv`: no recipe line is echoed (each step is announced by its own `zoo: ...` line), and
+    the editable install filters out setuptools' banner, which the filter as written does silence."""
+    import re
+
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    recipes = {}
+    for m in re.finditer(r"^(\S[^\n:]*):[^\n=]*\n((?:\t[^\n]*\n?)+)", text, re.M):
+        recipes[m[1]] = [line for line in m[2].splitlines() if line.strip()]
+    for target in ("$(STAMP)", "$(CHECKOUT_STAMP)", "demo"):
+        lines = recipes[target]
+        starts = [line for i, line in enumerate(lines) if i == 0 or not lines[i - 1].endswith("\\")]
+        assert starts and all(line.startswith("\t@") for line in starts), (target, starts)
+    announced = [line for line in recipes["$(STAMP)"] if 'echo "zoo: [' in line]
+    assert "two of them" in announced[3], announced
+    (install,) = [line for line in recipes["$(STAMP)"] if "-e '.[all]'" in line]
+    flt = re.search(r'PYTHONWARNINGS="([^"]+)"', install)[1]
+    emit = ("from setuptools.warnings import SetuptoolsWarning\n"
+            "SetuptoolsWarning.emit('Editable installation.', 'Please be careful with folders in your working "
+            "directory with the same name as your package')")
+    loud = subprocess.run([sys.executable, "-c", emit], capture_output=True, text=True, timeout=60)
+    quiet = subprocess.run([sys.executable, "-c", emit], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONWARNINGS=flt))
+    assert "Editable installation" in loud.stderr and quiet.stderr == "", (loud.stderr, quiet.stderr)
