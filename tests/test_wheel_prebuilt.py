@@ -28,16 +28,16 @@ REPO = Path(__file__).resolve().parent.parent
 TEXT = "the company said its profit rose in the third quarter"
 #: An aLSTM (the aLSTM loop) and a HyperLSTM (the HyperLSTM loop in eval mode), loaded as checkpoint folders.
 MODELS = ("alstm-ptb-5m-long-medium", "hyperlstm-ptbchar-1.5m-long")
-PROBE = """
+PROBE = f"""
 import json, sys
 import zoo
 from zoo.models import _compiled
-out = {"file": zoo.__file__, "scores": {}}
+out = {{"file": zoo.__file__, "scores": {{}}}}
 for folder in sys.argv[1:]:
-    out["scores"][folder] = zoo.load(folder).score(%r)[0]["nll"]
+    out["scores"][folder] = zoo.load(folder).score({TEXT!r})[0]["nll"]
 out["status"] = _compiled.status()
 print(json.dumps(out))
-""" % TEXT
+"""
 
 
 def _build(tmp: Path, **env: str) -> Path:
