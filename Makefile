@@ -36,26 +36,28 @@ help:
 	@echo "              the others (training speed, dynamic evaluation, card reproduction, ...) run one by one: benchmarks/*.py"
 	@echo "make clean  - remove .venv, .venv-olah and .pytest_cache"
 
-# Each step says what it does before it starts (pip -q is silent for a minute at a time).
+# Each step says what it does before it starts (pip -q is silent for a minute at a time), and nothing else is printed:
+# the commands are not echoed (@), and setuptools' banner for editable installs ("Editable installation ... be careful
+# with folders in your working directory") is filtered out: it is advice for other layouts, and it read as an error.
 $(STAMP): pyproject.toml
 	@echo "zoo: [1/4] creating $(VENV)"
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'  # the tests build the wheel without isolation (pyproject's PEP 639 licence)
-	echo "$(TORCH_PIN)" > $(CONSTRAINTS)
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip 'setuptools>=77'  # the tests build the wheel without isolation (pyproject's PEP 639 licence)
+	@echo "$(TORCH_PIN)" > $(CONSTRAINTS)
 	@echo "zoo: [2/4] installing $(TORCH_PIN) (the CPU build)"
-	$(PY) -m pip install -q -c $(CONSTRAINTS) $(TORCH_PIN)
+	@$(PY) -m pip install -q -c $(CONSTRAINTS) $(TORCH_PIN)
 	@echo "zoo: [3/4] installing the zoo and its extras (editable; a minute or more, silent)"
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[all]'
-	@echo "zoo: [4/4] compiling the C++ inference loops (once; usually 1 to 4 minutes each)"
-	$(VENV)/bin/zoo build-ext || echo "(the C++ inference loops did not build: the Python loops will be used)"
-	touch $(STAMP)
+	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[all]'
+	@echo "zoo: [4/4] compiling the C++ inference loops, two of them: the aLSTM's and the HyperLSTM's (once; usually 1 to 4 minutes each)"
+	@$(VENV)/bin/zoo build-ext || echo "(the C++ inference loops did not build: the Python loops will be used)"
+	@touch $(STAMP)
 
 $(CHECKOUT_STAMP): $(STAMP) Makefile $(HOOK_FILES)
-	purelib="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && \
+	@purelib="$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && \
 	echo 'import os; os.environ.setdefault("ZOO_DATA_DIR", "$(DATA_DIR)"); os.environ.setdefault("ZOO_EXPORTS_DIR", "$(CURDIR)/exports/out")' \
 		> "$$purelib/zoo_checkout.pth" && \
 	for f in $(HOOK_FILES); do ln -sfn "$(CURDIR)/$$f" "$$purelib/$$(basename $$f)" || exit 1; done
-	touch $@
+	@touch $@
 
 venv: $(STAMP) $(CHECKOUT_STAMP)
 
@@ -82,7 +84,7 @@ system-deps:
 
 demo: venv
 	@echo "zoo: starting the demo on http://127.0.0.1:$(PORT) (loading the bundled models first)"
-	GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 $(PY) app.py --port $(PORT)
+	@GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 $(PY) app.py --port $(PORT)
 
 # Two pytest-xdist workers, a test file each at a time (a module's server is started once, in one worker): on two
 # cores the subprocess- and server-bound tests wait more than they compute (a slice of the system tier: 248 s alone,

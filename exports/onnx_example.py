@@ -16,8 +16,9 @@ from tokenizers import Tokenizer
 ap = argparse.ArgumentParser()
 ap.add_argument("export_dir", type=Path, help="an ONNX export folder (export.json, graphs, tokenizer.json)")
 ap.add_argument("--text", help="text to score (lines separated by \\n)")
-ap.add_argument("--generate", help="prompt to continue (greedy)")
+ap.add_argument("--generate", help="prompt to continue (greedy; never <unk>, as the zoo's demo, unless --allow-unk)")
 ap.add_argument("--tokens", type=int, default=20)
+ap.add_argument("--allow-unk", action="store_true", help="let generation produce <unk> (the unknown-word class)")
 args = ap.parse_args()
 man = json.loads((args.export_dir / "export.json").read_text())
 tok = Tokenizer.from_file(str(args.export_dir / man["tokenizer_file"]))
@@ -33,6 +34,16 @@ def run(session, feed, array, state):
 
 def zero_state():
     return [np.zeros([1, *shape], dtype=np.float32) for shape in man["state_shapes"]]
+
+
+# A copy, line for line, of zoo.generation.unk_ban (this file imports neither torch nor the zoo; the tests check that
+# the two are the same): the one id that may not come next when <unk> is not to be generated.
+def unk_ban(context: list[int], unk_id: int | None, spelled: list[int]) -> int | None:
+    if unk_id is not None:
+        return unk_id
+    if spelled and context[len(context) - len(spelled) + 1:] == spelled[:-1]:
+        return spelled[-1]
+    return None
 
 
 def log_softmax(x):
@@ -53,6 +64,9 @@ if args.generate is not None:  # the prompt through the sequence graph, then one
     out = [context[-1]]
     for _ in range(args.tokens):
         logits, state = run(step, "token", out[-1:], state)
+        banned = None if args.allow_unk else unk_ban(context + out[1:], man["unk_id"], man.get("unk_spelling", []))
+        if banned is not None:
+            logits[banned] = -np.inf
         out.append(int(logits.argmax()))  # greedy
     text = tok.decode(out[1:], skip_special_tokens=False)  # <unk> kept, <eos> is a line break, as the zoo prints
     print(json.dumps({"ids": out[1:], "text": text.replace(" <eos> ", "\n").replace("<eos>", "\n")}))

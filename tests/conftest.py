@@ -125,6 +125,9 @@ MODULE_TIERS: dict[str, str] = {
         "test_app", "test_campaign", "test_docs", "test_export", "test_ferry", "test_lm_eval",
         "test_onnx_without_torch", "test_openai_api", "test_serving", "test_supervision", "test_train"], "system"),
     "test_browser": "browser",
+    # issue 54 (what a newcomer sees): the docs, the offline routes, the API reference's strict build
+    **dict.fromkeys(["test_comparable_bits", "test_newcomer_docs", "test_offline_routes"], "unit"),
+    **dict.fromkeys(["test_api_reference", "test_demo_messages", "test_wheel_prebuilt"], "system"),
     **dict.fromkeys(["test_hub", "test_wheel"], "hub"),
 }
 
@@ -133,6 +136,7 @@ MODULE_TIERS: dict[str, str] = {
 TEST_TIERS: dict[str, str] = {
     **dict.fromkeys([  # each starts `python -m zoo.cli`, app.py, a benchmark or the harness in a subprocess
         "test_cli::test_score_file_per_line_and_stdin",
+        "test_offline_routes::test_cli_download_with_no_network_is_one_line_naming_the_bundled_copy",
         "test_cli::test_default_model_scores_offline_from_the_bundled_copy",
         "test_cli::test_zoo_eval_defaults_reproduce_the_card",
         "test_device::test_harness_command_refuses_a_missing_gpu_with_exit_2",

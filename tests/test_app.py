@@ -585,20 +585,6 @@ def test_dynamic_option_without_training_data_is_a_readable_error(served):
     assert report["models"][0]["num_tokens"] > 0
 
 
-def test_the_comparison_table_says_what_is_comparable():
-    """Per-token numbers compare over the same tokens only; bits per input character over the same characters
-    (a model that dropped punctuation divides fewer bits by the same characters)."""
-    from zoo.tools.demo_render import _summary_md
-
-    base = {"architecture": "lstm", "bits_per_input_char": 1.0, "perplexity": 2.0, "bits_per_token": 1.0,
-            "num_tokens": 2, "num_unk": 0, "oov": 0, "warnings": [], "tokens": ["x", "y"], "num_dropped": 0}
-    rows = _summary_md([dict(base, model="a"), dict(base, model="b")], None, "")
-    assert "bits per input character (comparable)" in rows and "| perplexity |" in rows
-    rows = _summary_md([dict(base, model="a"), dict(base, model="b", num_dropped=3, tokens=["x"])], None, "")
-    assert "not comparable: they dropped different characters" in rows
-    assert "the models tokenise differently, not comparable" in rows
-
-
 @pytest.mark.parametrize("value", ["x", "70000"])
 def test_a_bad_port_in_the_environment_is_one_line(value):
     """gradio reads $GRADIO_SERVER_PORT while it is imported: the demo checks it first (it was a traceback from

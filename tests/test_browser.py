@@ -218,3 +218,59 @@ def test_models_tab(served, browser, tmp_path):
     page.screenshot(path=str(tmp_path / "models.png"), full_page=True)
     if os.environ.get("ZOO_SAVE_SCREENSHOT") == "1":
         shutil.copyfile(tmp_path / "models.png", REPO / "model_cards" / "demo-models.png")
+
+
+# -- issue 54: what a newcomer sees ------------------------------------------------------------------------------
+def test_generate_tab_shows_the_drawn_seed_and_the_prompts_unknown_words(served, browser):
+    url, registry = served
+    page = _page(browser, url, "Generate")
+    _choose(page, "gen-model", registry.default)
+    page.locator("#gen-prompt textarea").fill("the influencers said !")
+    seed = page.get_by_label("seed (-1 = random)")
+    seed.fill("-1")
+    seed.press("Tab")
+    page.locator("#gen-btn").click()
+    note = page.locator("#gen-note")
+    note.get_by_text("drawn for seed -1").wait_for(state="visible")
+    text = note.inner_text()
+    assert "influencers" in text and "<unk>" in text and "Dropped from the prompt" in text
+    drawn = int(text.split("Seed ", 1)[1].split(" ", 1)[0])
+    out = page.locator("#gen-out textarea")
+    page.wait_for_function("el => el.value.length > 20", arg=out.element_handle())
+    model = registry.get(registry.default)
+    expected = model.generate("the influencers said !", max_new_tokens=50, seed=drawn, top_p=0.95, allow_unk=False)
+    page.wait_for_function("([el, n]) => el.value.length >= n", arg=[out.element_handle(), len(expected)])
+    assert out.input_value() == expected  # the seed shown is the seed used
+
+
+def test_user_errors_and_the_comparable_row_in_the_page(served, browser):
+    url, registry = served
+    page = _page(browser, url)
+    page.locator("#score-text textarea").fill("")
+    page.locator("#score-btn").click()
+    page.get_by_text("text is empty: give some text.").first.wait_for(state="visible")  # the page says it
+    word, char = _char_and_word_models(registry)
+    if char is None:
+        return
+    page.locator("#score-text textarea").fill("influencers posted selfies about cryptocurrency on tiktok")
+    _choose(page, "score-model", word)
+    _choose(page, "score-compare", char)
+    page.locator("#score-btn").click()
+    page.locator("#score-heatmap .model-b .tok").first.wait_for(state="visible")
+    summary = page.locator("#score-summary").inner_text()
+    assert "bits per input character (comparable)" in summary and "charged 8 bits each" in summary
+
+
+def test_adaptation_and_models_tabs_state_their_scales(served, browser):
+    url, registry = served
+    page = _page(browser, url, "Adaptation")
+    page.locator("#adapt-btn").click()
+    legend = page.locator("#adapt-html .zoo-legend")
+    legend.first.wait_for(state="visible")
+    assert "colour scale per text" in legend.first.inner_text()
+    page = _page(browser, url, "Models")
+    page.locator("#models-card table").first.wait_for(state="visible")  # the page has loaded (as test_models_tab)
+    shown = page.locator("#models-table").inner_text()
+    chars = [r for r in registry.table() if r[6] == "bits_per_char"]
+    if chars:
+        assert chars[0][5] in shown and len(chars[0][5].split(".")[1]) == 3

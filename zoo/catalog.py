@@ -11,15 +11,17 @@ registry. Writing the catalogue is checkout tooling (``zoo.tools.bundle``); this
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from zoo.checkpoint import REQUIRED_FILES as CHECKPOINT_FILES  # noqa: F401 (used by zoo.hub)
-from zoo.errors import ConfigError, HubError, ModelNotFoundError
+from zoo.errors import ConfigError, HubError, ModelNotFoundError, WrongType
 
 CATALOG_FILE = Path(__file__).resolve().parent / "catalog.json"
 #: The revision a catalogue entry without one is published under.
@@ -60,6 +62,47 @@ def catalog() -> dict[str, Any]:
     if not isinstance(cat, dict) or not isinstance(cat.get("models", {}), dict):
         raise ConfigError(f"the catalogue {path} is not a catalogue (a JSON object with a \"models\" object)")
     return cat
+
+
+def _patterns(value: str | Sequence[str] | None) -> list[str]:
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not all(isinstance(v, str) for v in value):
+        raise WrongType("a filter is a pattern (str) or a list of patterns")
+    return list(value)
+
+
+def list_models(filter: str | Sequence[str] = "", *, dataset: str | Sequence[str] | None = None,  # noqa: A002
+                architecture: str | Sequence[str] | None = None,
+                exclude_filters: str | Sequence[str] = "") -> list[str]:
+    """The catalogue's model names, sorted, that match every filter given (as ``timm.list_models`` does).
+
+    Each filter is a shell-style pattern (``fnmatch``: ``*``, ``?``, ``[...]``) or a list of them (any may match).
+
+    Args:
+        filter: patterns for the name, e.g. ``"alstm-*"`` or ``["*ptbchar*", "*wt2*"]``.
+        dataset: patterns for the training corpus (``"ptb"``, ``"ptb-char"``, ``"wikitext-2"``; see
+            :mod:`zoo.datasets`).
+        architecture: patterns for the architecture (``"alstm"``, ``"lstm"``, ``"hyperlstm"``, ``"pnorm_gru"``;
+            see :mod:`zoo.registry`).
+        exclude_filters: patterns for names to leave out.
+
+    Returns:
+        The matching names, each loadable with :func:`zoo.load`.
+    """
+    wanted = [(None, _patterns(filter)), ("dataset", _patterns(dataset)),
+              ("architecture", _patterns(architecture))]
+    excluded = _patterns(exclude_filters)
+    names = []
+    for name, entry in sorted(catalog().get("models", {}).items()):
+        if any(fnmatch.fnmatchcase(name, p) for p in excluded):
+            continue
+        if all(not pats or any(fnmatch.fnmatchcase(name if key is None else str(entry.get(key, "")), p)
+                               for p in pats) for key, pats in wanted):
+            names.append(name)
+    return names
 
 
 def canonical_name(name: str) -> str:

@@ -101,6 +101,28 @@ def read_context_steps(runner, ids: list[int], vocab_size: int,
     return state
 
 
+def unk_spelling(tokenizer: Tokenizer) -> list[int]:
+    """The ids that spell ``<unk>`` in a character model's vocabulary (``< u n k >``: :mod:`zoo.tokenizer`), or
+    ``[]`` (a word model has the one id ``unk_id``; a vocabulary without those characters cannot spell it)."""
+    return [tokenizer.index[ch] for ch in UNK] if tokenizer.is_char and all(ch in tokenizer.index for ch in UNK) \
+        else []
+
+
+def unk_ban(context: list[int], unk_id: int | None, spelled: list[int]) -> int | None:
+    """The one id that may not come next when ``<unk>`` is not to be generated (``allow_unk=False``), or ``None``.
+
+    A word model's ``<unk>`` is one id, never drawn; a character model's is spelled over five ids, and only its
+    last character is withheld, right after the other four (``< u n k`` itself may be text). Plain Python on
+    lists, no torch: ``exports/onnx_example.py`` carries a copy of this function, line for line, for generating
+    from an export without torch or the zoo (``tests/test_onnx_without_torch.py`` checks the two are the same).
+    """
+    if unk_id is not None:
+        return unk_id
+    if spelled and context[len(context) - len(spelled) + 1:] == spelled[:-1]:
+        return spelled[-1]
+    return None
+
+
 class Sampler:
     """The sampling rule, written once for every caller that draws tokens (:func:`generate_steps`, the one loop, which
     the native route, the OpenAI-compatible completions and the lm-eval plugin all run): the seeded generator, the
@@ -112,17 +134,15 @@ class Sampler:
         self.tokenizer, self.params, self.context = tokenizer, params, context
         self.gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         # a character model's <unk> is spelled as characters (zoo.tokenizer): the ids of that spelling, if it has them
-        self.spelled = [tokenizer.index[ch] for ch in UNK] \
-            if tokenizer.is_char and all(ch in tokenizer.index for ch in UNK) else []
+        self.spelled = unk_spelling(tokenizer)
 
     def choose(self, logits: Tensor) -> int:
         """The next id from one step's logits ``[V]`` (float32); the id is appended to the context."""
-        params, tok, context, spelled = self.params, self.tokenizer, self.context, self.spelled
+        params, context = self.params, self.context
         logits = logits.clone()
-        if not params.allow_unk and tok.unk_id is not None:
-            logits[tok.unk_id] = float("-inf")
-        elif not params.allow_unk and spelled and context[len(context) - len(spelled) + 1:] == spelled[:-1]:
-            logits[spelled[-1]] = float("-inf")  # the last character of a spelled <unk>
+        banned = None if params.allow_unk else unk_ban(context, self.tokenizer.unk_id, self.spelled)
+        if banned is not None:
+            logits[banned] = float("-inf")
         if params.temperature == 0:
             nxt = int(torch.argmax(logits))
         else:

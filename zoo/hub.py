@@ -47,9 +47,23 @@ from zoo.files import sha256_file
 SOURCES = ("auto", "hub", "bundled")
 EXPORT_FOLDERS = ("onnx", "torchscript")
 _TRUE = {"1", "true", "yes", "on"}
-#: What every offline refusal adds: a checkpoint folder loads with no Hub at all.
+#: What every refusal for want of the Hub adds: a checkpoint folder loads with no Hub at all.
 FOLDER_ROUTE = ("; or load a checkpoint folder you already have (config.json, model.safetensors, vocab.json): "
                 "`zoo.load('path/to/folder')` or `zoo score path/to/folder ...`")
+
+
+def offline_routes(name: str | None = None) -> str:
+    """The tail of every refusal that needed the Hub (offline, refused, unresolvable, down): what works without it.
+
+    One place, so that ``HF_HUB_OFFLINE``, a machine with no network and a Hub that does not answer all name the
+    same way out: the copy bundled with a checkout (with the exact call that loads it, whatever ``$HF_ENDPOINT``
+    says) where there is one, and the checkpoint-folder route always.
+    """
+    bundled = bundled_dir() / name if name else None
+    if bundled is not None and (bundled / "config.json").is_file():
+        return (f"; it is bundled with this checkout, so it loads with no network: "
+                f"`zoo.load({name!r}, source='bundled')` or `zoo score {bundled} ...`{FOLDER_ROUTE}")
+    return FOLDER_ROUTE
 
 
 # -- settings, read at call time (huggingface_hub reads its environment once, at import) ----------------------
@@ -167,9 +181,21 @@ def _reason(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text}"[:200]
 
 
+def _without_hub(way_out: str, message: str) -> HubError:
+    """A refusal for want of the Hub: ``message`` plus the way out, kept apart (``way_out``) for a caller that
+    falls back to the bundled copy itself and needs only the reason."""
+    err = HubError(message + way_out)
+    err.way_out = way_out
+    return err
+
+
 def _snapshot(repo_id: str, revision: str | None, patterns: list[str], cache: Path, endpoint: str,
-              token: str | bool | None, force: bool = False) -> Path:
-    """``snapshot_download`` with every failure turned into a one-line :class:`HubError`."""
+              token: str | bool | None, force: bool = False, name: str | None = None) -> Path:
+    """``snapshot_download`` with every failure turned into a one-line :class:`HubError`.
+
+    This is the one map from Hub failures to messages; every failure that means "no Hub here" (offline, refused,
+    DNS, a 5xx) ends with :func:`offline_routes` for ``name`` (the catalogue name, where there is one).
+    """
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -181,6 +207,7 @@ def _snapshot(repo_id: str, revision: str | None, patterns: list[str], cache: Pa
     )
 
     where = f"{repo_id}@{revision or 'main'}"
+    way_out = offline_routes(name)
     try:
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, cache_dir=str(cache),
                                       endpoint=endpoint, token=token, force_download=force))
@@ -190,15 +217,17 @@ def _snapshot(repo_id: str, revision: str | None, patterns: list[str], cache: Pa
         raise HubError(f"repository {repo_id} (revision {revision or 'main'}) not found at {endpoint}, or not "
                        "readable with your token (set HF_TOKEN for a private repository)") from None
     except OfflineModeIsEnabled:
-        raise HubError(f"{where} is not in the Hub cache and HF_HUB_OFFLINE is set{FOLDER_ROUTE}") from None
+        raise _without_hub(way_out, f"{where} is not in the Hub cache and HF_HUB_OFFLINE is set") from None
     except LocalEntryNotFoundError as e:
-        raise HubError(f"cannot reach the Hub at {endpoint} ({_reason(e)}) and {where} is not in the cache; check "
-                       "the network or HF_ENDPOINT") from None
+        raise _without_hub(way_out, f"cannot reach the Hub at {endpoint} ({_reason(e)}) and {where} is not in the "
+                                    "cache (check the network or HF_ENDPOINT)") from None
     except HfHubHTTPError as e:
-        status = getattr(getattr(e, "response", None), "status_code", "?")
-        raise HubError(f"the Hub at {endpoint} answered HTTP {status} for {where}: {_reason(e)}") from None
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        tail = way_out if status is None or status >= 500 else ""
+        raise _without_hub(tail, f"the Hub at {endpoint} answered HTTP {status or '?'} for {where}: "
+                                 f"{_reason(e)}") from None
     except OSError as e:
-        raise HubError(f"cannot download {where} from {endpoint} ({_reason(e)})") from None
+        raise _without_hub(way_out, f"cannot download {where} from {endpoint} ({_reason(e)})") from None
 
 
 def download(name: str, revision: str | None = None, *, cache_dir: str | os.PathLike | None = None,
@@ -217,12 +246,9 @@ def download(name: str, revision: str | None = None, *, cache_dir: str | os.Path
     ep = hub_endpoint(endpoint)
     where = f"{rel.repo_id}@{rel.revision}"
     if is_offline():
-        bundled = bundled_dir() / rel.name
-        hint = (f"; it is bundled with this checkout ({bundled}), so `zoo.load({rel.name!r})` works offline "
-                "without downloading") if (bundled / "config.json").is_file() else ""
         raise HubError(f"{rel.name} ({where}) is not in the Hub cache ({cache}) and HF_HUB_OFFLINE is set: "
-                       f"run `zoo download {rel.name}` with network access{hint}{FOLDER_ROUTE}")
-    folder = _snapshot(rel.repo_id, rel.revision, sorted(rel.files), cache, ep, token, force)
+                       f"run `zoo download {rel.name}` with network access{offline_routes(rel.name)}")
+    folder = _snapshot(rel.repo_id, rel.revision, sorted(rel.files), cache, ep, token, force, name=rel.name)
     try:
         verify_files(folder, rel, f"{where} at {ep}")
     except HubError:
@@ -308,7 +334,7 @@ def download_repo(repo_id: str, revision: str | None = None, *, cache_dir: str |
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError):
         if is_offline():
             raise HubError(f"{where} is not in the Hub cache ({cache}) and HF_HUB_OFFLINE is set"
-                           f"{FOLDER_ROUTE}") from None
+                           f"{offline_routes()}") from None
         source = "hub download (unpinned)"
         folder = _snapshot(repo_id, revision, list(REPO_FILES), cache, ep, token)
     missing = [f for f in CHECKPOINT_FILES if not (folder / f).is_file()]
@@ -376,11 +402,12 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None, source
             except HubError as e:
                 if explicit or not bundled.is_dir():
                     raise
-                print(f"zoo: warning: {e}; using the bundled copy", file=sys.stderr)
+                reason = str(e).removesuffix(getattr(e, "way_out", ""))
+                print(f"zoo: warning: {reason}; using the bundled copy", file=sys.stderr)
         elif explicit:
             raise HubError(f"{name} ({rel.repo_id}@{rel.revision}) is not in the Hub cache "
                            f"({hub_cache_dir(cache_dir)}) and HF_HUB_OFFLINE is set: run `zoo download {name}` "
-                           f"with network access{FOLDER_ROUTE}")
+                           f"with network access{offline_routes(name)}")
     if bundled.is_dir():
         return bundled, "bundled"
     raise ModelNotFoundError(f"model {name!r} has no bundled copy and is not in the Hub cache "

@@ -38,7 +38,9 @@ class LanguageModel(nn.Module):
         input_encoding: ``"embedding"`` (learned) or ``"onehot"`` (fixed identity, as in the
             HyperNetworks character-level models; then ``emb_size`` is the vocabulary size).
         output_size: the stack's output size when untied (default: ``arch_args["hidden_size"]``).
-        dropoute, dropouti, dropouto: embedding, input and output dropout rates.
+        dropoute: embedding dropout rate (whole words dropped from the embedding matrix).
+        dropouti: dropout rate on the stack's input (locked: one mask per sequence).
+        dropouto: dropout rate on the stack's output (locked).
         init_range: ``U(-r, r)`` init of the embedding (and untied decoder weight); decoder bias 0.
     """
 

@@ -162,9 +162,19 @@ class ZooModel:
     # -- the main API ---------------------------------------------------------------------------------
     def score(self, texts: str | list[str], return_tokens: bool = False, batch_size: int = 16,
               progress: bool = False, dynamic: bool | DynamicParams | Mapping[str, Any] = False) -> ScoreReport:
-        """Score one text or a list; see :mod:`zoo.scoring` for the fields and conventions. ``dynamic=True`` (this
-        model's own settings), a mapping of settings to change, or a :class:`~zoo.dynamic.DynamicParams` scores each
-        text by dynamic evaluation (:mod:`zoo.dynamic`)."""
+        """Score one text or a list; see :mod:`zoo.scoring` for the fields and conventions.
+
+        Args:
+            texts: one text or a list of texts; each is scored from a zero state, every token exactly once.
+            return_tokens: add ``tokens``, each token's ``{token, id, logprob}``, to every result.
+            batch_size: texts scored together (the numbers do not depend on it).
+            progress: a progress bar on standard error.
+            dynamic: ``True`` (this model's own settings), a mapping of settings to change, or a
+                :class:`~zoo.dynamic.DynamicParams`: score each text by dynamic evaluation (:mod:`zoo.dynamic`).
+
+        Returns:
+            One dict per text (a list), with ``.corpus``: the token-weighted totals over all texts.
+        """
         if isinstance(texts, str):
             texts = [texts]
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -285,7 +295,13 @@ class ZooModel:
         return prompt, SamplingParams(**sampling)
 
     def generate(self, prompt: str = "", **sampling: Any) -> str:
-        """The generated continuation of ``prompt`` as text."""
+        """The generated continuation of ``prompt`` as text.
+
+        Args:
+            prompt: the text to continue (normalised as the model's corpus was); empty starts from ``<eos>``.
+            **sampling: keywords of :class:`~zoo.generation.SamplingParams` (``max_new_tokens``, ``temperature``,
+                ``top_k``, ``top_p``, ``seed``, ...).
+        """
         return "".join(self.stream(prompt, **sampling))
 
     def generate_ids(self, prompt: str = "", **sampling: Any) -> list[int]:
@@ -335,8 +351,7 @@ class ZooModel:
             stream = corpus.split(split)
             lp = dynamic_logprobs(self.lm, stream[:-1], stream[1:], dyn, progress=progress,
                                   desc=f"{dataset}/{split} (dynamic)", stats=stats)
-            res = summarize(float(-lp.sum()), lp.numel(), 0)
-            res.pop("bits_per_input_char")
+            res = summarize(float(-lp.sum()), lp.numel(), None)
             res.update(batch_size=1, dynamic=dyn.to_dict())
         elif proto["mode"] == "sentences":
             seqs = sentences(corpus.split(split), self.tokenizer.eos_id, proto["max_len"])
@@ -368,11 +383,24 @@ def load(name_or_path: str | os.PathLike, backend: str = "eager", precision: str
          endpoint: str | None = None) -> ZooModel:
     """Load a pretrained model by catalogue name (``zoo list``) or from a checkpoint directory.
 
-    ``precision``: ``"fp32"`` (default) or ``"bf16"`` for eager scoring and generation (see
-    :meth:`ZooModel.set_precision`). ``device``: ``"cpu"`` (default: the published numbers), ``"cuda"``,
-    ``"cuda:N"`` or ``"auto"`` (CUDA when there is one); see :meth:`ZooModel.to`. ``revision``,
-    ``source="auto"|"hub"|"bundled"``, ``token``, ``cache_dir`` and ``endpoint`` say where to look
-    (:func:`zoo.hub.resolve`); ``model.source`` says where the weights came from.
+    Args:
+        name_or_path: a catalogue name (:func:`zoo.list_models`), ``"default"``, a checkpoint folder
+            (``config.json``, ``model.safetensors``, ``vocab.json``) or ``"hf-hub:ORG/NAME[@REVISION]"``.
+        backend: ``"eager"`` (PyTorch), or an export's backend (``"onnx"``, ``"torchscript"``; see
+            :mod:`zoo.backends`).
+        precision: ``"fp32"`` (default) or ``"bf16"`` for eager scoring and generation (see
+            :meth:`ZooModel.set_precision`).
+        device: ``"cpu"`` (default: the published numbers), ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when
+            there is one); see :meth:`ZooModel.to`.
+        revision: a Hub revision (tag, branch or commit) instead of the catalogue's pinned one.
+        source: ``"auto"`` (Hub cache, then the bundled copy in a checkout, else a download), ``"hub"`` or
+            ``"bundled"`` (:func:`zoo.hub.resolve`).
+        token: a Hugging Face token for a private repository (default: ``$HF_TOKEN``).
+        cache_dir: the Hub cache (default: ``$HF_HUB_CACHE``).
+        endpoint: the Hub's address (default: ``$HF_ENDPOINT``, else huggingface.co).
+
+    Returns:
+        The model; ``model.source`` says where the weights came from.
     """
     from zoo.hub import HF_PREFIX, parse_hf_spec, pinned_release, resolve
 

@@ -10,9 +10,15 @@ Conventions (the same for every architecture and backend):
   overlap, so the result equals one pass over the whole text while memory stays bounded.
 * Log base e (nats). Two bit rates, never one name for both: ``bits_per_token = avg_nll / ln 2`` per
   predicted token (for a character model, per predicted symbol: the "bits per character" of its card and
-  of the papers) and ``bits_per_input_char = nll / (ln 2 * characters of the raw input text)`` (comparable
-  across word and character models, since it does not depend on the tokenisation); aggregates are
+  of the papers) and ``bits_per_input_char = nll / (ln 2 * characters of the raw input text)``; aggregates are
   token-weighted (not a mean of per-text perplexities).
+* Comparing models that tokenise differently (a word and a character model, two vocabularies): the one rate for
+  that is ``bits_per_input_char_charged`` (:func:`input_char_bits`, defined here and nowhere else). The plain
+  ``bits_per_input_char`` divides by the same characters but not the same work: a word model that turned a word
+  into ``<unk>`` predicted only a cheap class, and a model that dropped a character (PTB's punctuation) predicted
+  nothing for it. The charged rate adds :data:`UNSEEN_CHAR_BITS` for every input character a model did not
+  predict exactly (``num_unseen_chars``: the characters of its ``<unk>`` words or characters and the ones it
+  dropped), so knowing fewer words can no longer look better.
 
 Everything here talks to a *runner*: an object with ``init_state(batch)`` and
 ``forward(tokens [B, T], state) -> (logits [B, T, V], state)``. The eager :class:`zoo.lm.LanguageModel`
@@ -50,6 +56,11 @@ LOGIT_BUDGET = 1 << 24
 #: words: four times that means the model knows little of the text, and predicting ``<unk>`` is easy, so the
 #: perplexity flatters it (German input to the PTB model: 13 of 14 tokens ``<unk>``, perplexity 8.6).
 UNK_SHARE_WARNING = 0.25
+#: The cost, in bits, of an input character a model did not predict exactly (inside an ``<unk>``, or dropped), in
+#: ``bits_per_input_char_charged``: one byte sent with no model at all. A model-free price that any model fitted
+#: to text beats (uniform guessing over PTB-char's 50 symbols costs log2(50) = 5.6 bits), so on words a word model
+#: does not know, a character model that spells them better than chance always compares better.
+UNSEEN_CHAR_BITS = 8.0
 
 
 class Runner(Protocol):
@@ -96,17 +107,35 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 709.0 else (float("inf") if x == x else x)
 
 
-def summarize(nll: float, num_tokens: int, num_chars: int) -> dict[str, Any]:
-    """The metric fields shared by per-text results, aggregates and corpus evaluation."""
+def summarize(nll: float, num_tokens: int, num_chars: int | None, num_unseen_chars: int = 0) -> dict[str, Any]:
+    """The metric fields shared by per-text results, aggregates and corpus evaluation (``num_chars=None``: a
+    corpus split, which has tokens but no raw text, so no rate per input character)."""
     avg = nll / num_tokens if num_tokens else float("nan")
-    return {
+    out = {
         "num_tokens": num_tokens,
         "nll": nll,
         "avg_nll": avg,
         "ppl": _exp(avg) if num_tokens else float("nan"),
         "bits_per_token": avg / LN2 if num_tokens else float("nan"),
-        "bits_per_input_char": nll / (LN2 * num_chars) if num_chars else None,
     }
+    return out if num_chars is None else out | input_char_bits(nll, num_chars, num_unseen_chars)
+
+
+def input_char_bits(nll: float, num_chars: int, num_unseen_chars: int) -> dict[str, float | None]:
+    """The two rates per input character (``None`` for an empty text): plain, and charged for what the model could
+    not see (:data:`UNSEEN_CHAR_BITS` per character in ``num_unseen_chars``), the one that compares models that
+    tokenise differently (see the module docstring)."""
+    if not num_chars:
+        return {"bits_per_input_char": None, "bits_per_input_char_charged": None}
+    bits = nll / LN2
+    return {"bits_per_input_char": bits / num_chars,
+            "bits_per_input_char_charged": (bits + UNSEEN_CHAR_BITS * num_unseen_chars) / num_chars}
+
+
+def unseen_chars(enc: Any) -> int:
+    """Input characters an encoding does not let the model predict exactly: those of its out-of-vocabulary items
+    (scored as ``<unk>``, or spelled ``< u n k >`` by a character model) and those the normalisation dropped."""
+    return sum(len(item) for item in enc.oov_items) + sum(len(d) for d in enc.dropped)
 
 
 def _chunk_len(batch: int, vocab: int, cap: int = 256) -> int:
@@ -208,7 +237,7 @@ def report_of(texts: list[str], encs: list[Any], logps: list[Tensor | None], tok
     results = []
     for text, enc, lp in zip(texts, encs, logps, strict=True):
         assert lp is not None
-        res = summarize(float(lp.sum().neg()), len(enc.ids), enc.num_chars)
+        res = summarize(float(lp.sum().neg()), len(enc.ids), enc.num_chars, unseen_chars(enc))
         res["oov"] = enc.oov
         res["num_unk"] = tokenizer.count_unk(enc)
         if enc.oov_items:
@@ -217,6 +246,7 @@ def report_of(texts: list[str], encs: list[Any], logps: list[Tensor | None], tok
         if enc.dropped:
             res["dropped_items"] = sorted(set(enc.dropped))[:50]
         res["num_visible_chars"] = sum(1 for ch in text if not ch.isspace())
+        res["num_unseen_chars"] = unseen_chars(enc)
         res["warnings"] = warnings_for(res, tokenizer)
         if return_tokens:
             res["tokens"] = [{"token": t, "id": i, "logprob": float(v)}
@@ -228,9 +258,10 @@ def report_of(texts: list[str], encs: list[Any], logps: list[Tensor | None], tok
 def aggregate(results: list[dict[str, Any]], num_chars: int, tokenizer: Tokenizer) -> dict[str, Any]:
     """The token-weighted aggregate of per-text results (``num_chars``: the texts' raw characters), with its own
     warnings: a corpus's numbers are never the mean of per-text perplexities."""
-    corpus = summarize(sum(r["nll"] for r in results), sum(r["num_tokens"] for r in results), num_chars)
+    corpus = summarize(sum(r["nll"] for r in results), sum(r["num_tokens"] for r in results), num_chars,
+                       sum(r["num_unseen_chars"] for r in results))
     corpus["num_texts"] = len(results)
-    for key in ("oov", "num_unk", "num_dropped", "num_visible_chars"):
+    for key in ("oov", "num_unk", "num_dropped", "num_visible_chars", "num_unseen_chars"):
         corpus[key] = sum(r[key] for r in results)
     corpus["warnings"] = warnings_for(corpus, tokenizer)
     return corpus
@@ -295,8 +326,7 @@ def evaluate_stream(runner: Runner, stream: Tensor, batch_size: int = 10, bptt: 
             logp, state = target_logprobs(runner, x, y, state)
             nll.sub(logp.sum(dtype=torch.float64))
             count += y.numel()
-    res = summarize(nll.value(), count, 0)
-    res.pop("bits_per_input_char")
+    res = summarize(nll.value(), count, None)
     res.update(batch_size=batch_size, bptt=bptt)
     return res
 
@@ -321,7 +351,6 @@ def evaluate_sentences(runner: Runner, seqs: list[Tensor], batch_size: int = 32,
         logp, _ = target_logprobs(runner, x, y, runner.init_state(len(idx)))
         keep = (y != PAD_TARGET).to(logp.device)
         nll.sub(logp.masked_fill(~keep, 0.0).sum(dtype=torch.float64))
-    res = summarize(nll.value(), count, 0)
-    res.pop("bits_per_input_char")
+    res = summarize(nll.value(), count, None)
     res.update(batch_size=batch_size, mode="sentences", num_sequences=len(seqs))
     return res

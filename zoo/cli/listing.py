@@ -10,13 +10,17 @@ from zoo.formatting import format_number
 
 def register(subparsers) -> None:
     sp = subparsers.add_parser("list", help="list pretrained models")
+    sp.add_argument("patterns", nargs="*", metavar="PATTERN",
+                    help="only names matching one of these shell-style patterns (e.g. 'alstm-*'): zoo.list_models")
+    sp.add_argument("--dataset", action="append", metavar="PATTERN", help="only models of this training corpus")
+    sp.add_argument("--arch", action="append", metavar="PATTERN", help="only models of this architecture")
     sp.add_argument("--architectures", action="store_true", help="list the registered architectures instead")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from zoo.catalog import catalog
+    from zoo.catalog import catalog, list_models
     from zoo.registry import architecture_names
 
     if args.architectures:
@@ -24,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(names) if args.json else "\n".join(names))
         return 0
     cat = catalog()
-    models = cat.get("models", {})
+    chosen = list_models(args.patterns, dataset=args.dataset, architecture=args.arch)
+    models = {name: cat["models"][name] for name in chosen}
     if args.json:
         print(json.dumps({"default": cat.get("default"), "models": models}, indent=2))
         return 0

@@ -58,12 +58,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_report(report, keep: list[int], args: argparse.Namespace) -> None:
     """The human-readable lines: one per text (or input line), its warnings and tokens, then the corpus total."""
+    from zoo.scoring import UNSEEN_CHAR_BITS
+
     for i, res in enumerate(report.texts):
         head = (f"line {keep[i] + 1}: " if args.per_line else f"text {i + 1}: ") if len(report) > 1 else ""
-        bpc = res["bits_per_input_char"]
+        bpc = res["bits_per_input_char_charged"]  # the rate that compares across tokenisations (zoo.scoring)
         print(f"{head}ppl {res['ppl']:.3f}  tokens {res['num_tokens']}  <unk> {res['num_unk']}  oov {res['oov']}  "
               f"nll {res['nll']:.3f} nats  bits/token {res['bits_per_token']:.4f}"
-              + (f"  bits/input char {bpc:.4f}" if bpc is not None else "")
+              + (f"  bits/input char {bpc:.4f} (comparable; {res['num_unseen_chars']} unseen chars charged "
+                 f"{UNSEEN_CHAR_BITS:g} bits each)" if bpc is not None else "")
               + (f"  dropped {res['num_dropped']}" if res.get("num_dropped") else ""))
         for w in res.get("warnings", []):
             print(f"  warning: {w}")

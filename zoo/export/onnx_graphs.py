@@ -33,6 +33,7 @@ import torch
 from zoo.checkpoint import TOKENIZER_FILE
 from zoo.export.common import EXAMPLE_BATCH, StepModule, base_manifest, write_manifest
 from zoo.files import sha256_file
+from zoo.generation import unk_spelling
 from zoo.lm import LanguageModel
 
 #: ONNX opset of the exported graphs (the dynamo exporter's default in torch 2.13, pinned for reproducibility).
@@ -235,7 +236,7 @@ def export_onnx(model: Any, out_dir: Path, sha256: str, quantize: str | None = N
     (out_dir / TOKENIZER_FILE).write_text(json.dumps(model.tokenizer.to_hf_json(), ensure_ascii=False),
                                           encoding="utf-8")
     manifest.update(tokenizer_file=TOKENIZER_FILE, eos_id=model.tokenizer.eos_id, unk_id=model.tokenizer.unk_id,
-                    normalization=model.tokenizer.normalization)
+                    unk_spelling=unk_spelling(model.tokenizer), normalization=model.tokenizer.normalization)
     manifest["io"] = {
         "sequence": {"inputs": ["tokens", *names], "outputs": ["logits", *map(out_name, names)]},
         "step": {"inputs": ["token", *names], "outputs": ["logits", *map(out_name, names)]},

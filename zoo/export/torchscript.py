@@ -11,7 +11,7 @@ it is shipped because TorchServe and libtorch still load it natively.
 pickled, and ``torch.jit.load`` reads them: loading one can run code. The format requires it, so the zoo loads
 TorchScript here and nowhere else (``load_torchscript``; a ruff banned-API rule, TID251 in ``pyproject.toml``,
 refuses ``torch.jit.load``, ``torch.load`` and ``pickle`` everywhere else), and only archives made on this machine
-(:attr:`zoo.backends.Backend.loads_code`). Weights are safetensors; optimiser state is tensors + JSON.
+(:attr:`zoo.backends.BackendSpec.loads_code`). Weights are safetensors; optimiser state is tensors + JSON.
 
 No ``from __future__ import annotations`` here: TorchScript reads the annotations of the scripted class.
 """

@@ -17,6 +17,12 @@ install time (``zoo build-ext``), so neither the demo nor the server pays the co
 
 Optional by design: without a compiler, or with ``ZOO_NO_EXTENSIONS=1``, everything runs the Python fast
 path (same numbers, slower); :func:`status` says which is in use and why.
+
+Shipped built: a platform wheel (``zoo/tools/wheel_build.py``, the way PyTorch extensions ship) carries the loops
+compiled at wheel-build time in ``zoo/models/_prebuilt/`` with ``build.json``, what they were built for (torch,
+Python, flags, platform: :func:`build_key`). Where all of it matches they are imported as they are, so the wheel
+needs no compiler at first use; where it does not (another torch), the first use builds, as the pure-Python
+wheel does, and says why.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import warnings
@@ -41,6 +49,10 @@ import torch
 
 _CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = {"alstm_infer": _CSRC / "alstm_infer.cpp", "hyper_infer": _CSRC / "hyper_infer.cpp"}
+#: What each loop is, for the messages.
+TITLES = {"alstm_infer": "the aLSTM's C++ inference loop", "hyper_infer": "the HyperLSTM's C++ inference loop"}
+#: Where a platform wheel carries its built loops (absent in a checkout and in the pure-Python wheel).
+PREBUILT = Path(__file__).resolve().parent / "_prebuilt"
 
 
 def _cflags() -> list[str]:
@@ -142,17 +154,23 @@ def load(name: str, verbose: bool = False) -> ModuleType | None:
             _info[name] = {"available": False, "reason": "disabled by ZOO_NO_EXTENSIONS"}
             _loaded[name] = None
             return None
+        start = time.perf_counter()
+        mod, why_not = _prebuilt(name)
+        if mod is not None:
+            _info[name] = {"available": True, "path": str(PREBUILT), "compiled_now": False, "prebuilt": True,
+                           "seconds": time.perf_counter() - start}
+            _loaded[name] = mod
+            return mod
         build_dir, module_name = _build_dir(name)
         before = _library_mtime(build_dir)
-        start = time.perf_counter()
         try:
             from torch.utils import cpp_extension
 
             _ninja_on_path()
             build_dir.mkdir(parents=True, exist_ok=True)
             if before is None and not verbose:
-                print(f"zoo: compiling the C++ extension {name!r} (once, usually 1 to 4 minutes; cached in "
-                      f"{build_dir})",
+                print(f"zoo: {why_not + '; ' if why_not else ''}compiling {TITLES[name]} ({name}) once, usually 1 "
+                      f"to 4 minutes (cached in {build_dir}; a platform wheel ships it built: see the install guide)",
                       file=sys.stderr)
             with _build_lock(build_dir):
                 mod = _import_built(build_dir, module_name) or cpp_extension.load(
@@ -214,6 +232,48 @@ def cached_weights(stack: Any, params: list[torch.Tensor],
     return cfg, flat_w
 
 
+def build_key() -> dict[str, Any]:
+    """What a built loop must match to be imported as it is: torch (its C++ ABI), Python, the flags (the vector ISA
+    of this CPU) and the platform."""
+    return {"torch": torch.__version__, "python": f"{sys.version_info[0]}.{sys.version_info[1]}", "cflags": CFLAGS,
+            "platform": sysconfig.get_platform()}
+
+
+def _prebuilt(name: str) -> tuple[ModuleType | None, str | None]:
+    """The wheel's built loop ``name`` and ``None``, or ``None`` and why it cannot be used (``None``: no such
+    wheel)."""
+    meta_file = PREBUILT / "build.json"
+    if not meta_file.is_file():
+        return None, None
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    built = meta.get("key", {})
+    differ = [f"{k} {built.get(k)} (here {v})" for k, v in build_key().items() if built.get(k) != v]
+    if differ:
+        return None, f"the wheel's built loops are for {', '.join(differ)}"
+    module = meta.get("modules", {}).get(name)
+    mod = _import_built(PREBUILT, module) if module else None
+    return mod, None if mod is not None else f"the wheel's built {name} does not import"
+
+
+def write_prebuilt(target: Path) -> list[Path]:
+    """Build every loop (or take it from the cache) and copy it into ``target`` with ``build.json``: a platform
+    wheel's ``build_py`` (``zoo/tools/wheel_build.py``) calls this. Raises ``RuntimeError`` when one cannot be
+    built (no compiler): the wheel is then the pure-Python one."""
+    target.mkdir(parents=True, exist_ok=True)
+    modules = {}
+    for name in SOURCES:
+        if load(name) is None:
+            raise RuntimeError(f"{name}: {_info[name]['reason']}")
+        build_dir, module_name = _build_dir(name)
+        if _info[name].get("prebuilt"):  # (building a wheel from an environment that has one installed)
+            build_dir = PREBUILT
+        shutil.copyfile(build_dir / f"{module_name}.so", target / f"{module_name}.so")
+        modules[name] = module_name
+    (target / "build.json").write_text(json.dumps({"key": build_key(), "modules": modules}, indent=1) + "\n",
+                                       encoding="utf-8")
+    return sorted(target.iterdir())
+
+
 def status() -> dict[str, dict[str, Any]]:
     """Per extension: ``available``, and either where it was loaded from, whether this process compiled it
     and how long loading took (``seconds``: the compile time when ``compiled_now``), or why it is not."""
@@ -230,6 +290,7 @@ def build_all(verbose: bool = False) -> int:
             ok = False
             print(f"{name}: unavailable: {info['reason']}")
         else:
-            what = "compiled" if info["compiled_now"] else "already built, loaded"
-            print(f"{name}: {what} in {info['seconds']:.1f} s ({info['path']})")
+            what = "compiled" if info["compiled_now"] else "the wheel's built copy, loaded" if info.get("prebuilt") \
+                else "already built, loaded"
+            print(f"zoo: {TITLES[name]} ({name}): {what} in {info['seconds']:.1f} s ({info['path']})")
     return 0 if ok else 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from zoo.api.service import GenerateRequest, Limits, ScoreRequest, Service, pars
 from zoo.checkpoint import CheckpointError, read_config
 from zoo.errors import InvalidRequest, ZooError
 from zoo.pretrained import ZooModel
-from zoo.tools.demo_registry import ModelRegistry, dynamic_stats_of
+from zoo.tools.demo_registry import ModelRegistry, dynamic_stats_of, user_error
 from zoo.tools.demo_render import (
     DIFFERENCE_SCALE_BITS,
     SURPRISAL_SCALE_BITS,
@@ -46,6 +47,10 @@ MAX_NEW_TOKENS = 500
 MAX_TRACE_TOKENS = 500
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 200
+#: The Adaptation tab's colour scale runs from 0 to the text's own largest change: the vectors' sizes differ by model
+#: and layer, so no fixed scale fits them all, and the legend says so.
+ADAPTATION_SCALE_NOTE = ("change of all adaptation vectors at each token, ‖Δs‖₂; colour scale per text: 0 to this "
+                         "text's largest change (colours do not compare across texts)")
 #: The "Compare with" choice that compares with nothing.
 NONE_CHOICE = "(none)"
 LN2 = math.log(2.0)
@@ -65,7 +70,7 @@ def parse(payload: dict[str, Any], limits: Limits = LIMITS) -> ScoreRequest | Ge
     try:
         return parse_request(payload, limits)
     except InvalidRequest as e:
-        raise gr.Error(e.message + ".") from None
+        raise user_error(e.message + ".") from None
 
 
 def clean_text(text: Any, limits: Limits = LIMITS) -> tuple[str, str]:
@@ -79,14 +84,15 @@ def score_one(model: ZooModel, text: str, dynamic: bool = False) -> dict[str, An
     """One model's report on ``text`` through the service core (with :data:`LIMITS`: the token cap)."""
     reply = Service(model, LIMITS).score([ScoreRequest((text,), return_tokens=True, dynamic=dynamic)])[0]
     if isinstance(reply, ZooError):  # e.g. dynamic evaluation without the model's training data
-        raise gr.Error(f"{model.name}: {reply}")
+        raise user_error(f"{model.name}: {reply}")
     if isinstance(reply, Exception):  # a bug, not the input: the service core logged it
-        raise gr.Error(f"Scoring failed with {model.name}; the server log has the details.")
+        raise gr.Error(f"Scoring failed with {model.name}; the server log has the details.", print_exception=False)
     res = reply["texts"][0]
     toks = res["tokens"]
     return {
         "model": model.name, "architecture": model.lm.architecture, "num_parameters": model.num_parameters,
         "perplexity": res["ppl"], "bits_per_input_char": res["bits_per_input_char"],
+        "bits_per_input_char_charged": res["bits_per_input_char_charged"], "num_unseen_chars": res["num_unseen_chars"],
         "bits_per_token": res["bits_per_token"],
         "num_tokens": res["num_tokens"], "num_unk": res["num_unk"], "oov": res["oov"],
         "num_dropped": res["num_dropped"], "dropped_items": res.get("dropped_items", []),
@@ -104,14 +110,20 @@ def _dynamic_effect(model: ZooModel, text: str, res: dict[str, Any]) -> dict[str
             "dynamic_updates": max(0, (res["num_tokens"] - 1) // segment)}
 
 
+def signed_percent(change: float) -> str:
+    """``change`` as a signed percentage to one decimal; a change that rounds to zero is "0.0%", never "-0.0%"."""
+    shown = round(change * 100, 1)
+    return "0.0%" if shown == 0 else f"{shown:+.1f}%"
+
+
 def _dynamic_note(results: list[dict[str, Any]]) -> str:
     """The summary's first line for a dynamic score: that it ran, and how far it moved each model's number."""
     parts = []
     for r in results:
         change = r["perplexity"] / r["static_perplexity"] - 1 if r["static_perplexity"] else 0.0
         parts.append(f"{html.escape(r['model'])}: perplexity {_fmt(r['perplexity'])} against "
-                     f"{_fmt(r['static_perplexity'])} without it ({change:+.1%}; {r['dynamic_updates']} weight "
-                     f"update(s), one per {r['dynamic_segment']} tokens)")
+                     f"{_fmt(r['static_perplexity'])} without it ({signed_percent(change)}; "
+                     f"{r['dynamic_updates']} weight update(s), one per {r['dynamic_segment']} tokens)")
     return ("**Scored by dynamic evaluation** (the weights adapt to the text as it is read): " + "; ".join(parts)
             + ".\n\n")
 
@@ -144,11 +156,11 @@ def _score(registry: ModelRegistry, stats: DynamicStats | None, text: str, model
         for n in names:
             why = stats.problem(n)
             if why is not None:
-                raise gr.Error(f"{n}: {why}")
+                raise user_error(f"{n}: {why}")
     results = [score_one(registry.get(n), text, dynamic) for n in names]
     for r in results:  # (loading refuses NaN/inf weights; finite ones can still overflow): say so
         if not all(math.isfinite(x) for x in r["surprisal_bits"]):
-            raise gr.Error(f"{r['model']} gives non-finite scores on this text (its logits overflow).")
+            raise user_error(f"{r['model']} gives non-finite scores on this text (its logits overflow).")
     html_text, diff, diff_note = _score_html(results)
     report = {"notice": notice, "models": results, "difference_bits": diff, "difference_note": diff_note,
               "num_chars": len(text)}
@@ -200,6 +212,27 @@ def generate(registry: ModelRegistry, prompt: str, model: str, max_new_tokens: f
         yield out
 
 
+def generate_note(registry: ModelRegistry, prompt: str, model: str, seed: float | None = 0) -> tuple[str, int]:
+    """What the Generate tab says before it streams: the seed it will use (drawn here for seed -1, so that the
+    page can show it and the same continuation can be had again) and the prompt's words the model cannot read
+    (``<unk>``) or drops (its corpus never has them). Returns ``(note, seed)``."""
+    m = registry.get(registry.check(model))
+    if seed is None or seed == -1:
+        seed = random.randrange(2**31)
+        lines = [f"Seed **{seed}** (drawn for seed -1: enter it to get this continuation again)."]
+    else:
+        lines = []
+    enc = m.tokenizer.encode("" if prompt is None else str(prompt), add_eos=False)
+    kind = "characters" if m.tokenizer.is_char else "words"
+    if enc.oov_items:
+        unk = ", ".join(f"`{w}`" for w in dict.fromkeys(enc.oov_items))
+        lines.append(f"Prompt {kind} unknown to {m.name}, read as `<unk>`: {unk}.")
+    if enc.dropped:
+        gone = ", ".join(f"`{d}`" for d in dict.fromkeys(enc.dropped))
+        lines.append(f"Dropped from the prompt (its corpus has no such characters): {gone}.")
+    return " ".join(lines), int(seed)
+
+
 def adaptation(registry: ModelRegistry, text: str, model: str) -> tuple[str, str, Figure | None, dict[str, Any]]:
     """Trace how much the adaptation vectors change at each token: message, text, plot, data."""
     text, notice = clean_text(text)
@@ -218,8 +251,7 @@ def adaptation(registry: ModelRegistry, text: str, model: str) -> tuple[str, str
     totals = trace.layer_total
     mix = [math.sqrt(sum(v[t] ** 2 for v in totals.values())) for t in range(len(trace.tokens))]
     text_html = heatmap_html(trace.tokens, mix, is_char=m.tokenizer.is_char, vmax=max(mix) or 1.0,
-                             caption="change of all adaptation vectors at each token, ‖Δs‖₂", unit="",
-                             elem_class="adapt-text")
+                             caption=ADAPTATION_SCALE_NOTE, unit="", elem_class="adapt-text")
     msg = (f"**{m.name}** ({m.lm.architecture}): the plot shows, for each token, the L2 norm of the change "
            f"of each adaptation vector from the previous token (one panel per layer). Large values mean the "
            f"adaptation policy re-weights the layer strongly at that token.")

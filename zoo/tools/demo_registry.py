@@ -21,6 +21,7 @@ import gradio as gr
 import zoo
 from zoo.catalog import bundled_dir, catalog
 from zoo.checkpoint import CheckpointError, read_config
+from zoo.errors import ZooError
 from zoo.model_cache import ModelCache
 from zoo.pretrained import ZooModel
 from zoo.registry import ARCHITECTURES
@@ -29,6 +30,14 @@ from zoo.tools.demo_render import _fmt, render_curve
 from zoo.tools.demo_stats import DynamicStats
 
 log = logging.getLogger("zoo.demo")
+
+
+def user_error(message: str) -> gr.Error:
+    """A mistake the user can fix (an empty box, an unknown model, statistics not ready yet): the page shows
+    ``message``, and the terminal gets it as one log line, not Gradio's traceback of the raise (a traceback is
+    for bugs: those are logged with theirs where they are caught)."""
+    log.warning("app.py: user error: %s", message)
+    return gr.Error(message, print_exception=False)
 
 #: Loaded models kept in memory (least recently used is dropped): two compute slots, each comparing two models.
 CACHE_SIZE = 4
@@ -87,7 +96,7 @@ class ModelRegistry:
     def check(self, name: Any) -> str:
         if not isinstance(name, str) or name not in self.entries:
             known = ", ".join(self.entries) or "none (bundle a model or pass --model-dir)"
-            raise gr.Error(f"Unknown model {name!r}. Available: {known}.")
+            raise user_error(f"Unknown model {name!r}. Available: {known}.")
         return name
 
     def get(self, name: Any) -> ZooModel:
@@ -103,8 +112,10 @@ class ModelRegistry:
         try:
             model = zoo.load(name if entry["source"] == "bundled" else entry["dir"], device=self.device)
         except Exception as e:  # a broken checkpoint must not take the app down
-            log.exception("loading %s failed", name)
-            raise gr.Error(f"Could not load model {name!r}: {e}") from None
+            if isinstance(e, ZooError):  # a checkpoint the user gave that is not one: their mistake, one line
+                raise user_error(f"Could not load model {name!r}: {e}") from None
+            log.exception("loading %s failed", name)  # a bug: its traceback once, in the log
+            raise gr.Error(f"Could not load model {name!r}: {e}", print_exception=False) from None
         model.name = name
         return model
 
@@ -117,9 +128,11 @@ class ModelRegistry:
         for name, entry in self.entries.items():
             meta, met = entry["meta"], entry["meta"].get("metrics") or {}
             params = meta.get("num_parameters")
+            digits = 3 if met.get("metric") == "bits_per_char" else 2  # bits per character as the cards give them
             rows.append([name + (" (default)" if name == self.default else ""), meta.get("architecture") or "",
                          meta.get("dataset") or "", f"{params:,}" if isinstance(params, int) else "",
-                         _fmt(met.get("valid")), _fmt(met.get("test")), met.get("metric") or "", entry["source"]])
+                         _fmt(met.get("valid"), digits), _fmt(met.get("test"), digits), met.get("metric") or "",
+                         entry["source"]])
         return rows
 
     def card(self, name: str) -> str:

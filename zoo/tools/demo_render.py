@@ -19,6 +19,7 @@ from matplotlib.ticker import MaxNLocator
 
 from zoo.adaptation import AdaptationTrace
 from zoo.formatting import format_number
+from zoo.scoring import UNSEEN_CHAR_BITS
 from zoo.tools.plots import label_log_axis
 
 _CURVES: list[Path] = []
@@ -77,6 +78,11 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return format_number(value, digits, missing="–")
 
 
+def _fmt3(value: Any) -> str:
+    """Bits (per character, per token) to 3 decimals, as the cards give bits per character."""
+    return _fmt(value, 3)
+
+
 # -- rendering ----------------------------------------------------------------------------------------------
 def _interp(stops: list[tuple[int, int, int]], t: float) -> tuple[int, int, int]:
     t = min(1.0, max(0.0, t)) * (len(stops) - 1)
@@ -129,16 +135,16 @@ def _summary_md(results: list[dict[str, Any]], diff: list[float] | None, notice:
     head = "| | " + " | ".join(f"**{html.escape(r['model'])}**" for r in results) + " |"
     rows = [head, "|---" * (len(results) + 1) + "|"]
     # per-token numbers compare only over the same tokens (a word and a character model, or two vocabularies,
-    # do not tokenise alike); bits per input character only when both scored the same characters (a model that
-    # drops what its corpus never has, PTB's punctuation, divides fewer bits by the same characters)
+    # do not tokenise alike); bits per input character compare once what a model could not see is charged
+    # (zoo.scoring.input_char_bits: an <unk> word is a cheap class to predict, a dropped character costs nothing)
     alike = len({tuple(r["tokens"]) for r in results}) == 1
-    same_chars = len({r["num_dropped"] for r in results}) == 1
     ppl_label = "perplexity" if alike else "perplexity (per token: the models tokenise differently, not comparable)"
-    bpc_label = "bits per input character" + (" (comparable)" if same_chars and len(results) > 1 else "" if
-                                              same_chars else " (not comparable: they dropped different characters)")
-    fields = [("architecture", "architecture", str), (bpc_label, "bits_per_input_char", _fmt),
+    bpc_label = (f"bits per input character{' (comparable)' if len(results) > 1 else ''}: characters a model could "
+                 f"not see (in `<unk>`, or dropped) charged {UNSEEN_CHAR_BITS:g} bits each")
+    fields = [("architecture", "architecture", str), (bpc_label, "bits_per_input_char_charged", _fmt3),
+              ("characters it could not see (charged)", "num_unseen_chars", str),
               (ppl_label, "perplexity", _fmt),
-              ("bits per token (a character model: per symbol, its card's bpc)", "bits_per_token", _fmt),
+              ("bits per token (a character model: per symbol, its card's bpc)", "bits_per_token", _fmt3),
               ("tokens", "num_tokens", str), ("`<unk>` tokens", "num_unk", str),
               ("out-of-vocabulary words", "oov", str),
               ("dropped characters (not in the corpus: not scored)", "num_dropped", str)]

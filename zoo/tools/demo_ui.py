@@ -134,12 +134,18 @@ def generate_tab(registry: ModelRegistry) -> None:
     with gr.Row():
         go = gr.Button("Generate", variant="primary", elem_id="gen-btn")
         stop = gr.Button("Stop")
+    note = gr.Markdown(elem_id="gen-note")
     out = gr.Textbox(label="Continuation", lines=6, elem_id="gen-out")
-    event = go.click(bind(handlers.generate, registry), [prompt, model, n, temperature, top_k, top_p, seed, eos,
-                                                          no_unk], out,
-                     api_name="generate", api_description="Generate a continuation. " + OPENAI_SERVER,
-                     time_limit=300, **CPU_POOL)
-    stop.click(None, None, None, cancels=[event])
+    # the seed used (drawn first for -1, so the note can show it) travels in a hidden box: the public endpoint
+    # keeps its parameters, and a client's seed -1 still means an unseeded draw
+    used = gr.Number(value=0, precision=0, label="seed", visible=False)
+    first = go.click(bind(handlers.generate_note, registry), [prompt, model, seed], [note, used],
+                     api_visibility="private")
+    event = first.success(bind(handlers.generate, registry), [prompt, model, n, temperature, top_k, top_p, used,
+                                                              eos, no_unk], out,
+                          api_name="generate", api_description="Generate a continuation. " + OPENAI_SERVER,
+                          time_limit=300, **CPU_POOL)
+    stop.click(None, None, None, cancels=[first, event])
 
 
 def adaptation_tab(registry: ModelRegistry) -> None:

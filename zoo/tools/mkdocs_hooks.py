@@ -13,6 +13,7 @@ Named in ``mkdocs.yml`` (``hooks:``); checkout tooling, not part of the library.
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import re
 from fnmatch import fnmatch
@@ -26,6 +27,7 @@ STATIC = ("model_cards/*.png", "serving/*.cfg", "serving/*.yaml", "serving/*.pro
 _INCLUDE = re.compile(r"^<!-- include: (\S+) -->$", re.M)
 _LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
 _state: dict[str, object] = {"repo": Path("."), "included": {}}
+log = logging.getLogger("mkdocs.plugins.zoo.hooks")
 
 
 def on_files(files: Files, config) -> Files:
@@ -77,3 +79,17 @@ def _relink(text: str, base: str, page: str) -> str:
         return f"{m[1]}{new}{'#' + anchor if anchor else ''}{m[3]}"
 
     return _LINK.sub(fix, text)
+
+
+#: A Sphinx role left as text in a rendered page (``:meth:`x``` shown literally): the docstrings' style and the
+#: API reference's renderer disagree again (zoo/tools/griffe_roles.py turns roles into cross-references).
+_RAW_ROLE = re.compile(r":(?:py:)?(?:meth|class|func|mod|attr|data|exc|obj|const):(?:`|<code>)")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    for m in _RAW_ROLE.finditer(html):
+        log.warning("%s shows a raw Sphinx role %r: docstrings name objects with roles that "
+                    "zoo/tools/griffe_roles.py rewrites, or Markdown cross-references", page.file.src_uri,
+                    html[m.start():m.end() + 30])
+        break
+    return html
