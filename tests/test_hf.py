@@ -206,6 +206,26 @@ def test_generate_and_pipeline_give_zoo_generates_tokens(name):
     assert by_path("<eos>" + prompt, max_new_tokens=40, do_sample=False)[0]["generated_text"] == text
 
 
+def test_line_task_documents_tokenize_to_what_the_task_counts(tmp_path):
+    """The harness's line tasks through this door: transformers' tokenizer adds a text's last ``<eos>`` only for a
+    final line break, so each line document carries its own (``corpus_documents``); the ids are the zoo's, and as
+    many as ``word_perplexity`` divides by (without the line end the ``hf`` model scored one token less per line:
+    69.348 against the zoo's 75.082 on PTB's test lines)."""
+    pytest.importorskip("lm_eval")
+    from tests.conftest import synthetic_corpus
+    from zoo.lm_eval_plugin import corpus_documents, corpus_token_count
+
+    folder = bundled_dir() / "alstm-ptb-5m-light"
+    tok, ref = AutoTokenizer.from_pretrained(folder), zoo.load(folder)
+    data = synthetic_corpus(tmp_path, {"train": 4, "valid": 4, "test": 30})
+    docs = corpus_documents("ptb", "test", "line", zoo_data_dir=str(data))["test"]["text"]
+    assert len(docs) == 30
+    for doc in docs:
+        ids = tok(doc).input_ids
+        assert ids == ref.tokenizer.encode(doc).ids and ids[-1] == tok.eos_token_id
+        assert len(ids) == corpus_token_count(doc)
+
+
 # -- packaging -------------------------------------------------------------------------------------------------------
 def _env(**extra: str) -> dict[str, str]:
     """The suite's environment with this checkout first (and its lm_eval start-up hook before the venv's copy)."""
@@ -222,8 +242,9 @@ def test_import_zoo_does_not_import_transformers():
 
 @pytest.mark.slow
 def test_stock_lm_eval_hf_model_reproduces_the_zoos_word_perplexity(tmp_path):
-    """The harness's own ``lm_eval --model hf`` on the zoo's PTB task (a 12-line test split: about 300 tokens) finds
-    the zoo's classes through the start-up hook and gives the zoo's word perplexity of that text."""
+    """The harness's own ``lm_eval --model hf`` on the zoo's PTB tasks (a 12-line test split: about 300 tokens) finds
+    the zoo's classes through the start-up hook and gives the zoo's word perplexity of that text, whole and one
+    document per line."""
     name = "alstm-ptb-5m-light"
     data = tmp_path / "data"
     (data / "ptb").mkdir(parents=True)
@@ -235,15 +256,20 @@ def test_stock_lm_eval_hf_model_reproduces_the_zoos_word_perplexity(tmp_path):
     tasks_dir = subprocess.run([sys.executable, "-m", "zoo.lm_eval_plugin", "--tasks-dir"], capture_output=True,
                                text=True, env=_env(), timeout=300, check=True).stdout.strip()
     cmd = [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf", "--model_args",
-           f"pretrained={bundled_dir() / name}", "--tasks", "zoo_ptb_test", "--include_path", tasks_dir,
+           f"pretrained={bundled_dir() / name}", "--tasks", "zoo_ptb_test,zoo_ptb_test_lines",
+           "--include_path", tasks_dir,
            "--device", "cpu", "--batch_size", "1", "--metadata", json.dumps({"zoo_data_dir": str(data)}),
            "--output_path", str(tmp_path / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(glob.glob(str(tmp_path / "out" / "**" / "results_*.json"), recursive=True))
-    got = json.loads(Path(files[-1]).read_text())["results"]["zoo_ptb_test"]["word_perplexity,none"]
-    whole = zoo.load(name).score("".join(lines)).corpus
+    results = json.loads(Path(files[-1]).read_text())["results"]
+    got = results["zoo_ptb_test"]["word_perplexity,none"]
+    model = zoo.load(name)
+    whole = model.score("".join(lines)).corpus
     print(f"lm_eval --model hf word_perplexity {got!r}; zoo {whole['ppl']!r} over {whole['num_tokens']} tokens")
     assert whole["num_tokens"] < 400
     assert got == pytest.approx(whole["ppl"], rel=1e-5)
     assert math.isfinite(got)
+    per_line = model.score([line for line in lines if line.strip()]).corpus["ppl"]
+    assert results["zoo_ptb_test_lines"]["word_perplexity,none"] == pytest.approx(per_line, rel=1e-5)

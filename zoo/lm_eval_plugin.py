@@ -281,9 +281,12 @@ def corpus_documents(zoo_corpus: str, zoo_split: str, zoo_unit: str = "split", z
                      **_metadata: Any) -> dict[str, Any]:
     """The task's documents (``custom_dataset`` of the task files), read from the local data dir, never
     downloaded: ``zoo_unit="split"`` gives one document, the split file's whole text; ``"line"`` one document
-    per non-empty line (as ``zoo.data.sentences`` leaves empty lines out). The data dir is ``zoo_data_dir`` (pass
-    ``--metadata '{"zoo_data_dir": "..."}'``), else ``$ZOO_DATA_DIR`` (the checkout's venv sets it). The harness also
-    passes the model arguments and task metadata here: they are ignored."""
+    per non-empty line (as ``zoo.data.sentences`` leaves empty lines out), with its line end: the ``<eos>`` that
+    ends a line is scored and counted (:func:`corpus_token_count`), so the text says so, and every tokenizer reads
+    it (transformers' adds a text's last ``<eos>`` only for a final line break; without it lm-eval's ``hf`` model
+    scored one token less per line than the denominator counts, 7.6% flattering on PTB). The data dir is
+    ``zoo_data_dir`` (pass ``--metadata '{"zoo_data_dir": "..."}'``), else ``$ZOO_DATA_DIR`` (the checkout's venv
+    sets it). The harness also passes the model arguments and task metadata here: they are ignored."""
     import datasets
 
     if zoo_corpus not in DATASETS or zoo_corpus == "ptb-char":
@@ -301,7 +304,7 @@ def corpus_documents(zoo_corpus: str, zoo_split: str, zoo_unit: str = "split", z
     if zoo_unit == "split":
         docs = [text]
     elif zoo_unit == "line":
-        docs = [line for line in text.split("\n") if line.strip()]
+        docs = [line + "\n" for line in text.split("\n") if line.strip()]
     else:
         raise ValueError(f"zoo_unit must be 'split' or 'line', got {zoo_unit!r}")
     return {zoo_split: datasets.Dataset.from_dict({"text": docs})}
