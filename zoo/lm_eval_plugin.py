@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 #: The harness model name (``--model zoo``).
 MODEL_NAME = "zoo"
+#: The device lm-eval's command line passes when ``--device`` is not given (lm_eval 0.4.13's ``EvaluatorConfig``).
+HARNESS_DEFAULT_DEVICE = "cuda:0"
 _PRECISIONS = {None: "fp32", "auto": "fp32", "float32": "fp32", "fp32": "fp32", "float": "fp32",
                "bfloat16": "bf16", "bf16": "bf16"}
 
@@ -80,6 +82,26 @@ def _batch_size(value: int | str | None, default: int = 32) -> int:
     return size
 
 
+def _device_on_command_line(argv: Sequence[str]) -> bool:
+    return any(a == "--device" or a.startswith("--device=") for a in argv)
+
+
+def harness_device(device: str | None, argv: Sequence[str] | None = None) -> str:
+    """The device to load on for the harness's ``device``: as given, but the harness's default
+    (:data:`HARNESS_DEFAULT_DEVICE`, which its command line passes when ``--device`` is not on it, ``argv``: this
+    process's) on a machine without CUDA is the CPU, with one note, as the harness's own ``hf`` model falls back.
+    A device the user named (``--device cuda`` on the command line, any device from Python other than that
+    default) is kept, so :func:`zoo.load` refuses one this machine lacks in one line."""
+    if device is None:
+        return "cpu"
+    argv = sys.argv[1:] if argv is None else argv
+    if device == HARNESS_DEFAULT_DEVICE and not torch.cuda.is_available() and not _device_on_command_line(argv):
+        log.warning("no CUDA device here: running on the CPU (lm-eval's default device is %s; pass --device cpu "
+                    "to say so)", HARNESS_DEFAULT_DEVICE)
+        return "cpu"
+    return device
+
+
 class ZooLM(LM):
     """A :func:`zoo.load` model behind the harness's ``LM`` interface.
 
@@ -87,7 +109,9 @@ class ZooLM(LM):
     ``torchscript``, ``onnx`` or ``onnx-int8`` (as :func:`zoo.load`); ``dtype``: ``float32`` (default) or
     ``bfloat16`` (eager only); ``revision``: a Hub revision; ``max_gen_toks``: the default generation length.
     ``device``: the harness's ``--device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``; none: the CPU), as
-    :func:`zoo.load` takes it: one this machine lacks is a :class:`~zoo.errors.DeviceError`. ``batch_size``
+    :func:`zoo.load` takes it: one this machine lacks is a :class:`~zoo.errors.DeviceError`, except the harness's
+    own default (``cuda:0`` when the command line names no ``--device``), which falls back to the CPU with one note,
+    as the harness's ``hf`` model does (:func:`harness_device`). ``batch_size``
     (``auto`` = 32) batches documents; it never changes a score (an RNN is causal). ``trust_remote_code`` (added
     by the harness's flag of that name) is accepted and means nothing here.
     """
@@ -100,8 +124,8 @@ class ZooLM(LM):
         if key not in _PRECISIONS:
             raise ValueError(f"dtype {dtype!r} not supported: use float32 or bfloat16")
         kwargs = {"revision": revision} if revision else {}
-        self.model = zoo.load(str(pretrained), backend=backend, precision=_PRECISIONS[key], device=device or "cpu",
-                              **kwargs)
+        self.model = zoo.load(str(pretrained), backend=backend, precision=_PRECISIONS[key],
+                              device=harness_device(device), **kwargs)
         self.batch_size = _batch_size(batch_size)
         if max_batch_size:
             self.batch_size = min(self.batch_size, int(max_batch_size))
