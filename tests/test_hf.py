@@ -206,6 +206,38 @@ def test_generate_and_pipeline_give_zoo_generates_tokens(name):
     assert by_path("<eos>" + prompt, max_new_tokens=40, do_sample=False)[0]["generated_text"] == text
 
 
+def test_every_checkpoint_carries_the_special_tokens_transformers_needs(tiny_checkpoint, tmp_path):
+    """transformers without the zoo's classes (lm-eval's ``local-completions`` with ``tokenizer=<checkpoint folder>``)
+    reads ``tokenizer.json`` + ``tokenizer_config.json``: ``<eos>`` is BOS, EOS and padding, nothing is added unless
+    asked, ``add_special_tokens`` ends a text with ``<eos>``. Bundled folders carry the file (pinned, derived from the
+    vocabulary alone), ``save_checkpoint`` writes it, and a release published without it gets the pinned bytes
+    written where it is verified."""
+    from transformers import PreTrainedTokenizerFast
+
+    from zoo.catalog import catalog, release
+    from zoo.checkpoint import TOKENIZER_CONFIG_FILE, tokenizer_config_text
+    from zoo.hub import verify_files
+
+    for name in BUNDLED:
+        folder = bundled_dir() / name
+        ref = zoo.load(folder)
+        assert (folder / TOKENIZER_CONFIG_FILE).read_text() == tokenizer_config_text(ref.tokenizer)
+        assert TOKENIZER_CONFIG_FILE in catalog()["models"][name]["files"]
+        tok = PreTrainedTokenizerFast.from_pretrained(folder)  # (the file as it is: no zoo code)
+        assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (ref.tokenizer.eos_id,) * 3
+        enc = ref.tokenizer.encode("the stock market fell")  # (tokenizer.json reads the corpus's spaced symbols)
+        line = " ".join(enc.tokens[:-1]) + "\n"
+        assert tok(line, add_special_tokens=False).input_ids == enc.ids[:-1]
+        assert tok(line).input_ids == enc.ids  # (a document's last <eos>: lm-eval's add_bos_token=True)
+    assert (tiny_checkpoint / TOKENIZER_CONFIG_FILE).is_file()
+    published = tmp_path / "v1.0"  # a Hub snapshot of a release made before the file existed
+    shutil.copytree(bundled_dir() / "alstm-ptb-5m", published)
+    (published / TOKENIZER_CONFIG_FILE).unlink()
+    verify_files(published, release("alstm-ptb-5m"), "a snapshot")
+    assert (published / TOKENIZER_CONFIG_FILE).read_bytes() == (bundled_dir() / "alstm-ptb-5m" /
+                                                                TOKENIZER_CONFIG_FILE).read_bytes()
+
+
 def test_line_task_documents_tokenize_to_what_the_task_counts(tmp_path):
     """The harness's line tasks through this door: transformers' tokenizer adds a text's last ``<eos>`` only for a
     final line break, so each line document carries its own (``corpus_documents``); the ids are the zoo's, and as
