@@ -146,6 +146,8 @@ def find_in_cache(rel: Release, cache_dir: str | os.PathLike | None = None) -> P
     cache = hub_cache_dir(cache_dir)
     folders = set()
     for fname in rel.files:
+        if fname == TOKENIZER_CONFIG_FILE:  # (derived: a snapshot cached before it was pinned gets it in verify_files)
+            continue
         hit = try_to_load_from_cache(rel.repo_id, fname, cache_dir=str(cache), revision=rel.revision)
         if not isinstance(hit, str):
             return None
