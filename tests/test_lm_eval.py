@@ -181,14 +181,17 @@ def test_harness_device_falls_back_only_for_the_harness_default(monkeypatch, cap
 
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert harness_device(None) == "cpu" and harness_device("cpu", []) == "cpu"
-    with caplog.at_level("WARNING", logger="zoo.lm_eval_plugin"):
-        assert harness_device(HARNESS_DEFAULT_DEVICE, ["--model", "zoo"]) == "cpu"
+    cli = ["/venv/bin/lm_eval", "--model", "zoo"]
+    for argv in (cli, ["lm_eval", "--model", "zoo"], ["/venv/lib/python3.11/site-packages/lm_eval/__main__.py"]):
+        with caplog.at_level("WARNING", logger="zoo.lm_eval_plugin"):
+            assert harness_device(HARNESS_DEFAULT_DEVICE, argv) == "cpu", argv
     assert "running on the CPU" in caplog.text
-    for argv in (["--device", "cuda:0"], ["--device=cuda:0"]):  # named on the command line: kept (and refused)
-        assert harness_device("cuda:0", argv) == "cuda:0"
-    assert harness_device("cuda", []) == "cuda" and harness_device("cuda:1", []) == "cuda:1"
+    for argv in ([*cli, "--device", "cuda:0"], [*cli, "--device=cuda:0"],  # named on the command line
+                 ["/venv/bin/pytest"], ["script.py"], ["/x/__main__.py"], []):  # from Python: named by the caller
+        assert harness_device("cuda:0", argv) == "cuda:0", argv
+    assert harness_device("cuda", cli) == "cuda" and harness_device("cuda:1", cli) == "cuda:1"
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    assert harness_device(HARNESS_DEFAULT_DEVICE, []) == HARNESS_DEFAULT_DEVICE  # with CUDA: the harness's choice
+    assert harness_device(HARNESS_DEFAULT_DEVICE, cli) == HARNESS_DEFAULT_DEVICE  # with CUDA: the harness's choice
 
 
 @pytest.mark.skipif(not os.environ.get("ZOO_LMEVAL_FULL"), reason="set ZOO_LMEVAL_FULL=1: about a minute per model")

@@ -82,20 +82,26 @@ def _batch_size(value: int | str | None, default: int = 32) -> int:
     return size
 
 
-def _device_on_command_line(argv: Sequence[str]) -> bool:
-    return any(a == "--device" or a.startswith("--device=") for a in argv)
+def _harness_default_device(argv: Sequence[str]) -> bool:
+    """Whether this process is the harness's command line (``lm_eval``, ``python -m lm_eval``, ``zoo-lm-eval``,
+    which runs it as ``lm_eval``) with no ``--device`` on it: then its device is its own default, not the user's."""
+    if not argv or Path(str(argv[0])).name not in ("lm_eval", "lm-eval", "__main__.py"):
+        return False
+    if Path(str(argv[0])).name == "__main__.py" and Path(str(argv[0])).parent.name != "lm_eval":
+        return False
+    return not any(a == "--device" or a.startswith("--device=") for a in argv[1:])
 
 
 def harness_device(device: str | None, argv: Sequence[str] | None = None) -> str:
-    """The device to load on for the harness's ``device``: as given, but the harness's default
-    (:data:`HARNESS_DEFAULT_DEVICE`, which its command line passes when ``--device`` is not on it, ``argv``: this
-    process's) on a machine without CUDA is the CPU, with one note, as the harness's own ``hf`` model falls back.
-    A device the user named (``--device cuda`` on the command line, any device from Python other than that
-    default) is kept, so :func:`zoo.load` refuses one this machine lacks in one line."""
+    """The device to load on for the harness's ``device``: as given, except the harness's command-line default
+    (:data:`HARNESS_DEFAULT_DEVICE`, passed when the command names no ``--device``; ``argv``: this process's
+    ``sys.argv``), which on a machine without CUDA is the CPU, with one note, as the harness's own ``hf`` model
+    falls back. A device the user named (``--device cuda:0`` on the command line, any device from Python) is kept,
+    so :func:`zoo.load` refuses one this machine lacks in one line."""
     if device is None:
         return "cpu"
-    argv = sys.argv[1:] if argv is None else argv
-    if device == HARNESS_DEFAULT_DEVICE and not torch.cuda.is_available() and not _device_on_command_line(argv):
+    argv = sys.argv if argv is None else argv
+    if device == HARNESS_DEFAULT_DEVICE and not torch.cuda.is_available() and _harness_default_device(argv):
         log.warning("no CUDA device here: running on the CPU (lm-eval's default device is %s; pass --device cpu "
                     "to say so)", HARNESS_DEFAULT_DEVICE)
         return "cpu"
