@@ -114,7 +114,7 @@ def _threads(tmp_path_factory):
 #: module must be added here: tests/test_markers.py fails until it is.
 MODULE_TIERS: dict[str, str] = {
     **dict.fromkeys([  # (test_lint runs ruff: a Rust binary, a second or two)
-        "test_adaptive_linear", "test_alstm", "test_cards_bundle", "test_checkpoint", "test_cli", "test_compat",
+        "test_adaptive_linear", "test_agreement", "test_alstm", "test_cards_bundle", "test_checkpoint", "test_cli", "test_compat",
         "test_completions", "test_data", "test_device", "test_dynamic", "test_fast_paths", "test_fused_loss",
         "test_generation", "test_handler", "test_hf", "test_hyper_graphs", "test_hyperlstm", "test_layers",
         "test_limits", "test_lint", "test_markers", "test_model_cache", "test_models_common", "test_pnorm_gru",
@@ -164,6 +164,8 @@ TEST_TIERS: dict[str, str] = {
     ], "system"),
     # in-process, 5 to 70 s each on a busy core (gradchecks, overfitting, whole corpora, the bundled models)
     **dict.fromkeys([
+        "test_agreement::test_process_and_export_doors_agree_on_every_tiny_architecture",
+        "test_agreement::test_every_in_process_door_agrees_on_a_bundled_model_of_each_architecture",
         "test_alstm::test_gradcheck",
         "test_alstm::test_reference_code_slicing_leaves_930k_parameters_unread",
         "test_cards_bundle::test_card_usage_example_is_in_the_corpus_vocabulary",

@@ -64,7 +64,8 @@ def bundled(tiny_run_dir, tmp_path_factory):
 def test_bundle_copies_release_writes_card_and_catalogue(bundled, tiny_run_dir):
     d, ev = bundled["dir"], bundled["ev"]
     assert sorted(p.name for p in d.iterdir()) == ["README.md", "config.json", "model.safetensors",
-                                                   "tiny-card-curve.png", "tokenizer.json", "vocab.json"]
+                                                   "tiny-card-curve.png", "tokenizer.json", "tokenizer_config.json",
+                                                   "vocab.json"]
     for f in ("model.safetensors", "vocab.json"):
         assert (d / f).read_bytes() == (tiny_run_dir / "release" / f).read_bytes()
     assert (bundled["pkg"] / "cards" / "tiny-card.md").read_text() == (d / "README.md").read_text()

@@ -16,7 +16,8 @@ from zoo.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 def test_round_trip_every_architecture(tmp_path, variant):
     lm = tiny_lm(variant).eval()
     out = save_checkpoint(tmp_path / variant, lm, tiny_tokenizer(), {"dataset": "ptb"})
-    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "vocab.json", "tokenizer.json"}
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "vocab.json", "tokenizer.json",
+                                               "tokenizer_config.json"}
     lm2, tok, cfg = load_checkpoint(out)
     tokens = torch.randint(0, lm.vocab_size, (2, 6))
     torch.testing.assert_close(lm2(tokens)[0], lm(tokens)[0], rtol=0, atol=0)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import real_data
+from zoo.catalog import bundled_dir
 from zoo.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,6 +127,8 @@ def test_info(capsys, tiny_checkpoint):
     code, out, _ = run(capsys, "info", str(tiny_checkpoint), "--json")
     info = json.loads(out)
     assert code == 0 and info["source"] == "local path" and info["architecture"] == "alstm"
+    code, out, _ = run(capsys, "info", "alstm-ptb-5m", "--directory")  # (for tokenizer=$(zoo info NAME --directory))
+    assert code == 0 and out == f"{bundled_dir() / 'alstm-ptb-5m'}\n"
 
 
 @pytest.mark.parametrize("args,message", [

@@ -252,6 +252,8 @@ def test_gpu_benchmark_runs_end_to_end_on_the_cpu(tmp_path):
     assert {"pnorm-gru-ptbchar-sent-p1", zoo.catalog.catalog()["default"]} == set(data["equality"])
     assert all(r["ok"] and r["prefix_rel_diff"] == 0.0 for r in data["equality"].values())  # CPU vs CPU: equal
     assert data["dynamic"]["ok"] and data["scoring"]["batch1"]["device_graphs"]["tokens"] > 0
+    lstm = data["dynamic_equality"]["lstm-ptb-5m-long-light"]  # (the LSTM baseline's dynamic evaluation: cuDNN's)
+    assert lstm["ok"] and lstm["rel_diff"] == 0.0 and lstm["tokens"] == 50
     table = out.with_suffix(".md").read_text()
     assert "| scoring tokens/s, batch 64, fp32 |" in table and "--quick" in table
 
@@ -303,6 +305,29 @@ def test_cuda_dynamic_segments_replay_the_eager_numbers(pair):
     torch.testing.assert_close(dynamic_logprobs(dev.lm, seq[:-1], seq[1:], p), eager, rtol=1e-6, atol=1e-7)
     cpu = dynamic_logprobs(pair[1].lm, seq[:-1], seq[1:], p)
     assert float(eager.sum()) == pytest.approx(float(cpu.sum()), rel=1e-4)
+
+
+@NEEDS_CUDA
+@pytest.mark.parametrize("variant", ["lstm", "alstm", "hyperlstm", "pnorm_gru"])
+def test_cuda_dynamic_evaluation_of_every_architecture(variant):
+    """Dynamic evaluation (its gradient statistics too) on CUDA, CUDA graphs and eager, equals the CPU's (1e-4, the
+    GPU benchmark's dynamic tolerance): the LSTM baseline's cuDNN kernel runs in training mode (dropout 0) whenever
+    autograd records, or its backward is refused (issue 51)."""
+    from tests.conftest import tiny_lm
+    from zoo.dynamic import DynamicParams, dynamic_logprobs, gradient_stats
+
+    cpu = tiny_lm(variant, init_range=1.0).eval()
+    dev = tiny_lm(variant, init_range=1.0).eval().cuda()
+    train = torch.randint(2, len(WORDS), (600,), generator=torch.Generator().manual_seed(9))
+    p = DynamicParams(segment=20, lr=1e-3, stats_tokens=400, stats_batch=4, stats_bptt=9)
+    stats, dev_stats = gradient_stats(cpu, train, p), gradient_stats(dev, train, p)
+    for a, b in zip(stats.rms, dev_stats.rms, strict=True):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-7)
+    seq = torch.randint(2, len(WORDS), (201,), generator=torch.Generator().manual_seed(0))
+    want = float(dynamic_logprobs(cpu, seq[:-1], seq[1:], p, stats=stats).sum())
+    for graphs in (True, False):
+        got = dynamic_logprobs(dev, seq[:-1], seq[1:], p, stats=dev_stats, cuda_graphs=graphs)
+        assert float(got.sum()) == pytest.approx(want, rel=1e-4), graphs
 
 
 @NEEDS_CUDA

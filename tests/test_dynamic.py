@@ -48,6 +48,48 @@ def tiny_data(tmp_path, monkeypatch):
     return tmp_path / "data"
 
 
+#: The RNN kernels with an inference mode (their ``train`` argument; cuDNN refuses the backward of one run without
+#: it) and where that argument is, by the overload (``data, batch_sizes, hx, ...`` for packed input).
+_RNN_KERNELS = {torch.lstm: 6, torch.gru: 6, torch.rnn_tanh: 6, torch.rnn_relu: 6}
+
+
+class _RnnModes(torch.overrides.TorchFunctionMode):
+    """Records, for each RNN kernel call, whether autograd was recording and the kernel's ``train`` flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[bool, bool]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _RNN_KERNELS:
+            packed = isinstance(args[2], torch.Tensor)  # (input, batch_sizes, hx, ...): one argument later
+            self.calls.append((torch.is_grad_enabled(), bool(args[_RNN_KERNELS[func] + packed])))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("variant", ["lstm", "alstm", "hyperlstm", "pnorm_gru"])
+def test_the_gradient_pass_never_runs_an_rnn_in_inference_mode(variant):
+    """Dynamic evaluation and its statistics take gradients of a model in ``eval()``: an RNN kernel run in inference
+    mode there (cuDNN's, on CUDA) has no backward. Every kernel call made while autograd records has its ``train``
+    flag on (the LSTM baselines' fused kernel: dropout 0, the module's dropout off); scoring, without autograd,
+    keeps inference mode; the numbers are those of the kernel in inference mode."""
+    lm = tiny_lm(variant, init_range=1.0).eval()
+    seq = _seq()
+    with _RnnModes() as seen:
+        stats = _stats(lm)
+        got = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=7, lr=1e-3, **SMALL), stats=stats)
+        with torch.no_grad():
+            lm(seq[None])
+    assert all(train for grad, train in seen.calls if grad), seen.calls
+    if variant == "lstm":  # (the other architectures run their own cells: no kernel with a mode)
+        assert {(True, True), (False, False)} <= set(seen.calls)
+    static = dynamic_logprobs(lm, seq[:-1], seq[1:], DynamicParams(segment=7, lr=0.0, decay=0.0))
+    with torch.no_grad():
+        logits, _ = lm(seq[:-1][None])
+    want = torch.log_softmax(logits[0].float(), -1).gather(1, seq[1:, None]).squeeze(1).double()
+    assert torch.equal(static, want) and torch.isfinite(got).all()
+
+
 @pytest.mark.parametrize("rule", ["sgd", "rms"])
 def test_lr_zero_equals_static_scoring_and_weights_are_restored(rule):
     lm = tiny_lm("alstm", init_range=1.0).eval()

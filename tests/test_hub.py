@@ -526,3 +526,23 @@ def test_plain_install_without_bundled_copy_downloads_the_pinned_release(olah, e
 
     monkeypatch.setattr(hub_mod, "hub_requested", lambda: False)  # as if HF_ENDPOINT were the default Hub
     assert zoo.load("tiny-zoo").source == "hub download"
+
+
+def test_a_release_cached_before_tokenizer_config_json_was_pinned_is_found_offline(tmp_path, monkeypatch):
+    """A Hub snapshot of a release published (or cached) before every checkpoint carried ``tokenizer_config.json``:
+    found in the cache with no network, verified, and given the file (derived from its vocabulary: the pinned
+    bytes), so lm-eval's ``tokenizer=<folder>`` reads it."""
+    from zoo.catalog import bundled_dir, release
+    from zoo.checkpoint import TOKENIZER_CONFIG_FILE
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rel = release("alstm-ptb-5m")
+    repo = tmp_path / "cache" / f"models--{rel.repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(bundled_dir() / rel.name, snap)
+    (snap / TOKENIZER_CONFIG_FILE).unlink()
+    (repo / "refs").mkdir()
+    (repo / "refs" / rel.revision).write_text("0" * 40)
+    assert hub.find_in_cache(rel, tmp_path / "cache") == snap
+    pinned = (bundled_dir() / rel.name / TOKENIZER_CONFIG_FILE).read_bytes()
+    assert (snap / TOKENIZER_CONFIG_FILE).read_bytes() == pinned

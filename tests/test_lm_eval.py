@@ -39,18 +39,23 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _harness(args: list[str], out: Path, stock: bool = False, **env: str) -> dict:
-    """Run the harness's CLI and return its results file's ``results``: through ``python -m zoo.lm_eval_plugin``
-    (the ``zoo-lm-eval`` script), or with ``stock`` the harness's own ``lm_eval`` script of this venv, which finds
-    ``--model zoo`` through the start-up hook and is given the task folder as ``zoo-lm-eval --tasks-dir`` prints it."""
+def _run_harness(args: list[str], stock: bool = False, **env: str) -> subprocess.CompletedProcess:
+    """Run the harness's CLI: through ``python -m zoo.lm_eval_plugin`` (the ``zoo-lm-eval`` script), or with
+    ``stock`` the harness's own ``lm_eval`` script of this venv, which finds ``--model zoo`` through the start-up hook
+    and is given the task folder as ``zoo-lm-eval --tasks-dir`` prints it."""
     if stock:
         tasks_dir = subprocess.run([sys.executable, "-m", "zoo.lm_eval_plugin", "--tasks-dir"], capture_output=True,
                                    text=True, cwd=REPO, env=_env(), timeout=120, check=True).stdout.strip()
         prefix = [str(Path(sys.executable).parent / "lm_eval"), "--include_path", tasks_dir]
     else:
         prefix = [sys.executable, "-m", "zoo.lm_eval_plugin"]
-    cmd = [*prefix, *args, "--device", "cpu", "--output_path", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=_env(**env), timeout=600)
+    return subprocess.run([*prefix, *args], capture_output=True, text=True, cwd=REPO, env=_env(**env), timeout=600)
+
+
+def _harness(args: list[str], out: Path, stock: bool = False, device: str | None = "cpu", **env: str) -> dict:
+    """:func:`_run_harness` with ``--device`` (none: the harness's default) and ``--output_path out``; its results
+    file's ``results``."""
+    proc = _run_harness([*args, *(["--device", device] if device else []), "--output_path", str(out)], stock, **env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(glob.glob(str(out / "**" / "results_*.json"), recursive=True))
     assert files, proc.stderr[-3000:]
@@ -121,14 +126,72 @@ def test_harness_cli_reproduces_the_zoos_numbers(model, small_ptb, tmp_path):
 @pytest.mark.slow
 def test_stock_lm_eval_cli_finds_the_model(model, small_ptb, tmp_path):
     """The harness's own `lm_eval` script (not the wrapper), with `--model zoo` and `--include_path "$(zoo-lm-eval
-    --tasks-dir)"` as the README documents, reproduces the zoo's score of the same lines."""
+    --tasks-dir)"` as the guide documents, with no `--device` on a machine without CUDA (the harness then passes
+    `cuda:0`: the model falls back to the CPU with one note), reproduces the zoo's score of the same lines."""
     res = _harness(["--model", "zoo", "--model_args", f"pretrained={MODEL}", "--tasks", "zoo_ptb_test_lines",
                     "--limit", "10", "--batch_size", "32", "--metadata", json.dumps({"zoo_data_dir": str(small_ptb)})],
-                   tmp_path / "out", stock=True)
+                   tmp_path / "out", stock=True, device=None, CUDA_VISIBLE_DEVICES="")
     text = (small_ptb / "ptb" / "test.txt").read_text(encoding="utf-8")
     lines = [line for line in text.split("\n") if line.strip()]
     assert res["zoo_ptb_test_lines"]["word_perplexity,none"] == pytest.approx(model.score(lines[:10]).corpus["ppl"],
                                                                               rel=1e-6)
+
+
+@pytest.mark.slow
+def test_no_device_flag_falls_back_to_the_cpu_and_a_named_cuda_is_refused(small_ptb, tmp_path):
+    """On a machine without CUDA (``CUDA_VISIBLE_DEVICES=""``): no ``--device`` runs on the CPU with one note;
+    ``--device cuda`` (named by the user) is ``zoo-lm-eval``'s one-line error, exit 2, before any scoring."""
+    args = ["--model", "zoo", "--model_args", f"pretrained={MODEL}", "--tasks", "zoo_ptb_test_lines", "--limit", "2",
+            "--metadata", json.dumps({"zoo_data_dir": str(small_ptb)})]
+    ok = _run_harness(args, CUDA_VISIBLE_DEVICES="")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stderr.count("no CUDA device here: running on the CPU") == 1, ok.stderr[-3000:]
+    for device in ("cuda", "cuda:0"):
+        bad = _run_harness([*args, "--device", device], CUDA_VISIBLE_DEVICES="")
+        assert bad.returncode == 2, bad.stderr[-3000:]
+        assert bad.stderr.strip().splitlines()[-1].startswith(f"zoo-lm-eval: error: device '{device}': this machine "
+                                                              "has no CUDA device"), bad.stderr[-3000:]
+        assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_the_guides_command_runs_as_written(small_ptb, tmp_path):
+    """docs/guides/lm-eval.md's first command (the whole PTB test split), as written (no ``--device``), in a shell
+    as a user pastes it, on a machine without CUDA; ``ZOO_DATA_DIR`` points at a 120-line test split, so its table
+    shows that split's zoo score. No warning that a metric lacks its aggregation or direction (the task files
+    declare both: the harness used to guess them, 7 warnings a run)."""
+    import re
+
+    page = (REPO / "docs" / "guides" / "lm-eval.md").read_text(encoding="utf-8")
+    command = re.search(r"```bash\n(lm_eval --model zoo .*?)```", page, re.S)[1]
+    assert "--device" not in command and "--tasks zoo_ptb_test " in command
+    env = _env(ZOO_DATA_DIR=str(small_ptb), CUDA_VISIBLE_DEVICES="",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "is defined, but" not in proc.stderr  # the task files name each metric's aggregation and direction
+    model = zoo.load(re.search(r"pretrained=(\S+)", command)[1])
+    ppl = model.score((small_ptb / "ptb" / "test.txt").read_text(encoding="utf-8")).corpus["ppl"]
+    assert re.search(rf"\|word_perplexity\|.*\|\s*{ppl:.4f}\|", proc.stdout), proc.stdout[-2000:]
+
+
+def test_harness_device_falls_back_only_for_the_harness_default(monkeypatch, caplog):
+    from zoo.lm_eval_plugin import HARNESS_DEFAULT_DEVICE, harness_device
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert harness_device(None) == "cpu" and harness_device("cpu", []) == "cpu"
+    cli = ["/venv/bin/lm_eval", "--model", "zoo"]
+    for argv in (cli, ["lm_eval", "--model", "zoo"], ["/venv/lib/python3.11/site-packages/lm_eval/__main__.py"]):
+        with caplog.at_level("WARNING", logger="zoo.lm_eval_plugin"):
+            assert harness_device(HARNESS_DEFAULT_DEVICE, argv) == "cpu", argv
+    assert "running on the CPU" in caplog.text
+    for argv in ([*cli, "--device", "cuda:0"], [*cli, "--device=cuda:0"],  # named on the command line
+                 ["/venv/bin/pytest"], ["script.py"], ["/x/__main__.py"], []):  # from Python: named by the caller
+        assert harness_device("cuda:0", argv) == "cuda:0", argv
+    assert harness_device("cuda", cli) == "cuda" and harness_device("cuda:1", cli) == "cuda:1"
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert harness_device(HARNESS_DEFAULT_DEVICE, cli) == HARNESS_DEFAULT_DEVICE  # with CUDA: the harness's choice
 
 
 @pytest.mark.skipif(not os.environ.get("ZOO_LMEVAL_FULL"), reason="set ZOO_LMEVAL_FULL=1: about a minute per model")

@@ -287,30 +287,23 @@ def test_wrong_methods_and_paths_are_4xx_json(server):
         assert "error" in r.json()
 
 
-@pytest.fixture(scope="module")
-def hf_tokenizer(tmp_path_factory, server) -> Path:
-    """The served model's tokenizer as transformers reads it (tokenizer.json + a tokenizer_config.json naming
-    ``<eos>``): what lm-eval's ``huggingface`` tokenizer backend loads to count context tokens."""
-    folder = tmp_path_factory.mktemp("tokenizer")
-    folder.joinpath("tokenizer.json").write_text(json.dumps(server.model.tokenizer.to_hf_json()), encoding="utf-8")
-    folder.joinpath("tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>", "unk_token": "<unk>"}))
-    return folder
-
-
 @pytest.mark.slow
-def test_lm_eval_local_completions_reproduces_the_zoos_numbers(server, hf_tokenizer, tmp_path):
-    """`lm_eval --model local-completions` against the server, on the first lines of PTB's test split (a document
-    per line, each scored from a zero state): the word perplexity is the zoo's score of the same lines."""
+def test_lm_eval_local_completions_reproduces_the_zoos_numbers(server, tmp_path):
+    """The server guide's `lm_eval --model local-completions` command, as written (its tokenizer: the served
+    checkpoint's folder, `zoo info default --directory`; only the port is this server's), on the first lines of
+    PTB's test split (a document per line, each scored from a zero state): the word perplexity is the zoo's score
+    of the same lines. Every checkpoint carries the tokenizer_config.json transformers needs for <eos>."""
+    import re
+
     pytest.importorskip("tenacity")
-    tasks = subprocess.run([sys.executable, "-m", "zoo.lm_eval_plugin", "--tasks-dir"], capture_output=True,
-                           text=True, cwd=REPO, timeout=120, check=True).stdout.strip()
-    args = (f"model={NAME},base_url={server.base}/v1/completions,tokenizer={hf_tokenizer},"
-            "tokenizer_backend=huggingface,add_bos_token=True,max_length=4096,num_concurrent=1,max_retries=1")
-    env = dict(os.environ, OPENAI_API_KEY=server.key, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run([str(Path(sys.executable).parent / "lm_eval"), "--include_path", tasks, "--model",
-                           "local-completions", "--model_args", args, "--tasks", "zoo_ptb_test_lines", "--limit", "12",
-                           "--output_path", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    guide = (REPO / "serving" / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"```bash\n(OPENAI_API_KEY=\$KEY lm_eval .*?)```", guide, re.S)[1]
+    assert "tokenizer=\"$(zoo info default --directory)\"" in command
+    command = command.replace("http://127.0.0.1:8080", server.base)
+    env = dict(os.environ, KEY=server.key, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command.rstrip() + f" --output_path {tmp_path}"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = glob.glob(str(tmp_path / "**" / "results_*.json"), recursive=True)
     got = json.loads(Path(files[0]).read_text())["results"]["zoo_ptb_test_lines"]["word_perplexity,none"]

@@ -28,6 +28,11 @@ CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE, CARD_FILE = "config.json", "model.safeten
 #: library redesign, optional when loading (older checkpoints do not have it). ``vocab.json`` is the zoo's own
 #: file: a JSON *list* of the symbols in id order (not the ``{token: id}`` map some Hub repos use).
 TOKENIZER_FILE = "tokenizer.json"
+#: The special tokens for transformers (``AutoTokenizer`` without ``import zoo.hf``: lm-eval's ``local-completions``
+#: with ``tokenizer=<checkpoint folder>``, which needs ``<eos>`` as its BOS/EOS). Derived from the vocabulary alone
+#: (:func:`tokenizer_config`), so a release published without it gets it written where it is read
+#: (:func:`write_tokenizer_config`), byte for byte what its pin says.
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 #: What every checkpoint folder must hold.
 REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE)
 #: What Hugging Face transformers reads in ``config.json`` to pick the classes :mod:`zoo.hf` registers. Written with
@@ -65,8 +70,38 @@ def save_checkpoint(directory: str | os.PathLike, model: LanguageModel, tokenize
     os.replace(tmp, out / WEIGHTS_FILE)
     write_atomic(out / VOCAB_FILE, json.dumps(tokenizer.vocab, ensure_ascii=False), fsync=True)
     write_atomic(out / TOKENIZER_FILE, json.dumps(tokenizer.to_hf_json(), ensure_ascii=False), fsync=True)
+    write_atomic(out / TOKENIZER_CONFIG_FILE, tokenizer_config_text(tokenizer), fsync=True)
     write_atomic(out / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True) + "\n", fsync=True)
     return out
+
+
+def tokenizer_config(tokenizer: Tokenizer) -> dict[str, Any]:
+    """transformers' ``tokenizer_config.json`` of a zoo vocabulary: ``<eos>`` is the BOS, EOS and padding token (the
+    zoo conditions a text's first token on one ``<eos>``; it ends every line), ``<unk>`` the unknown token where the
+    vocabulary has one; nothing is added by default (as :class:`zoo.hf.AlstmZooTokenizer`). No
+    ``tokenizer_class``: with ``import zoo.hf`` transformers picks the zoo's tokenizer from ``config.json``; without
+    it, ``tokenizer.json`` as it is, with these tokens."""
+    from zoo.data import EOS, UNK
+
+    out: dict[str, Any] = {"add_bos_token": False, "add_eos_token": False, "bos_token": EOS,
+                           "clean_up_tokenization_spaces": False, "eos_token": EOS, "pad_token": EOS}
+    if UNK in tokenizer.index:
+        out["unk_token"] = UNK
+    return out
+
+
+def tokenizer_config_text(tokenizer: Tokenizer) -> str:
+    """:func:`tokenizer_config` as the file's exact bytes (pinned like every release file)."""
+    return json.dumps(tokenizer_config(tokenizer), indent=2, sort_keys=True) + "\n"
+
+
+def write_tokenizer_config(directory: str | os.PathLike) -> Path:
+    """Write a checkpoint folder's :data:`TOKENIZER_CONFIG_FILE` when it lacks one (a release published before the
+    file existed: bundled copies and Hub snapshots); returns its path."""
+    path = Path(directory) / TOKENIZER_CONFIG_FILE
+    if not path.is_file():
+        write_atomic(path, tokenizer_config_text(load_tokenizer(directory, read_config(directory))))
+    return path
 
 
 def read_config(directory: str | os.PathLike) -> dict[str, Any]:

@@ -40,8 +40,8 @@ from zoo.catalog import (
     release,
     unknown_model,
 )
-from zoo.checkpoint import CARD_FILE, TOKENIZER_FILE
-from zoo.errors import ConfigError, HubError, IntegrityError, ModelNotFoundError
+from zoo.checkpoint import CARD_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, write_tokenizer_config
+from zoo.errors import CheckpointError, ConfigError, HubError, IntegrityError, ModelNotFoundError
 from zoo.files import sha256_file
 
 SOURCES = ("auto", "hub", "bundled")
@@ -107,6 +107,8 @@ def verify_files(directory: Path, rel: Release, where: str) -> None:
     """Check that ``directory`` holds every file of the release with its catalogue size and sha256."""
     for fname, meta in sorted(rel.files.items()):
         path = directory / fname
+        if fname == TOKENIZER_CONFIG_FILE and not path.is_file():  # derived: a release published without it
+            write_tokenizer_config(directory)
         if not path.is_file():
             raise HubError(f"{where} has no file {fname!r} (the catalogue lists {', '.join(sorted(rel.files))})")
         size = path.stat().st_size
@@ -158,6 +160,8 @@ def find_in_cache(rel: Release, cache_dir: str | os.PathLike | None = None) -> P
     cache = hub_cache_dir(cache_dir)
     folders = set()
     for fname in rel.files:
+        if fname == TOKENIZER_CONFIG_FILE:  # (derived: a snapshot cached before it was pinned gets it in verify_files)
+            continue
         hit = try_to_load_from_cache(rel.repo_id, fname, cache_dir=str(cache), revision=rel.revision)
         if not isinstance(hit, str):
             return None
@@ -285,7 +289,7 @@ def download_to(name: str, target: str | os.PathLike, **kwargs: Any) -> Path:
 HF_PREFIX = "hf-hub:"
 _REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 #: What an unpinned repo download fetches: the checkpoint, its tokenizer and card (no exports, no extras).
-REPO_FILES = (*CHECKPOINT_FILES, TOKENIZER_FILE, CARD_FILE)
+REPO_FILES = (*CHECKPOINT_FILES, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CARD_FILE)
 
 
 def parse_hf_spec(spec: str) -> tuple[str, str | None]:
@@ -341,6 +345,10 @@ def download_repo(repo_id: str, revision: str | None = None, *, cache_dir: str |
     if missing:
         raise ModelNotFoundError(f"{where} is not a zoo checkpoint: it has no {', '.join(missing)} (a zoo repo holds "
                                  f"{', '.join(CHECKPOINT_FILES)})")
+    try:
+        write_tokenizer_config(folder)  # (transformers' special tokens, where the repo has none)
+    except CheckpointError:
+        pass  # (loading names what is wrong with the repo)
     return folder, source
 
 

@@ -73,6 +73,8 @@ log = logging.getLogger(__name__)
 TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 #: The harness model name (``--model zoo``).
 MODEL_NAME = "zoo"
+#: The device lm-eval's command line passes when ``--device`` is not given (lm_eval 0.4.13's ``EvaluatorConfig``).
+HARNESS_DEFAULT_DEVICE = "cuda:0"
 _PRECISIONS = {None: "fp32", "auto": "fp32", "float32": "fp32", "fp32": "fp32", "float": "fp32",
                "bfloat16": "bf16", "bf16": "bf16"}
 
@@ -87,6 +89,32 @@ def _batch_size(value: int | str | None, default: int = 32) -> int:
     return size
 
 
+def _harness_default_device(argv: Sequence[str]) -> bool:
+    """Whether this process is the harness's command line (``lm_eval``, ``python -m lm_eval``, ``zoo-lm-eval``,
+    which runs it as ``lm_eval``) with no ``--device`` on it: then its device is its own default, not the user's."""
+    if not argv or Path(str(argv[0])).name not in ("lm_eval", "lm-eval", "__main__.py"):
+        return False
+    if Path(str(argv[0])).name == "__main__.py" and Path(str(argv[0])).parent.name != "lm_eval":
+        return False
+    return not any(a == "--device" or a.startswith("--device=") for a in argv[1:])
+
+
+def harness_device(device: str | None, argv: Sequence[str] | None = None) -> str:
+    """The device to load on for the harness's ``device``: as given, except the harness's command-line default
+    (:data:`HARNESS_DEFAULT_DEVICE`, passed when the command names no ``--device``; ``argv``: this process's
+    ``sys.argv``), which on a machine without CUDA is the CPU, with one note, as the harness's own ``hf`` model
+    falls back. A device the user named (``--device cuda:0`` on the command line, any device from Python) is kept,
+    so :func:`zoo.load` refuses one this machine lacks in one line."""
+    if device is None:
+        return "cpu"
+    argv = sys.argv if argv is None else argv
+    if device == HARNESS_DEFAULT_DEVICE and not torch.cuda.is_available() and _harness_default_device(argv):
+        log.warning("no CUDA device here: running on the CPU (lm-eval's default device is %s; pass --device cpu "
+                    "to say so)", HARNESS_DEFAULT_DEVICE)
+        return "cpu"
+    return device
+
+
 class ZooLM(LM):
     """A :func:`zoo.load` model behind the harness's ``LM`` interface.
 
@@ -94,7 +122,9 @@ class ZooLM(LM):
     ``torchscript``, ``onnx`` or ``onnx-int8`` (as :func:`zoo.load`); ``dtype``: ``float32`` (default) or
     ``bfloat16`` (eager only); ``revision``: a Hub revision; ``max_gen_toks``: the default generation length.
     ``device``: the harness's ``--device`` (``cpu``, ``cuda``, ``cuda:N``, ``auto``; none: the CPU), as
-    :func:`zoo.load` takes it: one this machine lacks is a :class:`~zoo.errors.DeviceError`. ``batch_size``
+    :func:`zoo.load` takes it: one this machine lacks is a :class:`~zoo.errors.DeviceError`, except the harness's
+    own default (``cuda:0`` when the command line names no ``--device``), which falls back to the CPU with one note,
+    as the harness's ``hf`` model does (:func:`harness_device`). ``batch_size``
     (``auto`` = 32) batches documents; it never changes a score (an RNN is causal). ``trust_remote_code`` (added
     by the harness's flag of that name) is accepted and means nothing here.
     """
@@ -107,8 +137,8 @@ class ZooLM(LM):
         if key not in _PRECISIONS:
             raise ValueError(f"dtype {dtype!r} not supported: use float32 or bfloat16")
         kwargs = {"revision": revision} if revision else {}
-        self.model = zoo.load(str(pretrained), backend=backend, precision=_PRECISIONS[key], device=device or "cpu",
-                              **kwargs)
+        self.model = zoo.load(str(pretrained), backend=backend, precision=_PRECISIONS[key],
+                              device=harness_device(device), **kwargs)
         self.batch_size = _batch_size(batch_size)
         if max_batch_size:
             self.batch_size = min(self.batch_size, int(max_batch_size))
@@ -263,9 +293,12 @@ def corpus_documents(zoo_corpus: str, zoo_split: str, zoo_unit: str = "split", z
                      **_metadata: Any) -> dict[str, Any]:
     """The task's documents (``custom_dataset`` of the task files), read from the local data dir, never
     downloaded: ``zoo_unit="split"`` gives one document, the split file's whole text; ``"line"`` one document
-    per non-empty line (as ``zoo.data.sentences`` leaves empty lines out). The data dir is ``zoo_data_dir`` (pass
-    ``--metadata '{"zoo_data_dir": "..."}'``), else ``$ZOO_DATA_DIR`` (the checkout's venv sets it). The harness also
-    passes the model arguments and task metadata here: they are ignored."""
+    per non-empty line (as ``zoo.data.sentences`` leaves empty lines out), with its line end: the ``<eos>`` that
+    ends a line is scored and counted (:func:`corpus_token_count`), so the text says so, and every tokenizer reads
+    it (transformers' adds a text's last ``<eos>`` only for a final line break; without it lm-eval's ``hf`` model
+    scored one token less per line than the denominator counts, 7.6% flattering on PTB). The data dir is
+    ``zoo_data_dir`` (pass ``--metadata '{"zoo_data_dir": "..."}'``), else ``$ZOO_DATA_DIR`` (the checkout's venv
+    sets it). The harness also passes the model arguments and task metadata here: they are ignored."""
     import datasets
 
     if zoo_corpus not in DATASETS or zoo_corpus == "ptb-char":
@@ -283,7 +316,7 @@ def corpus_documents(zoo_corpus: str, zoo_split: str, zoo_unit: str = "split", z
     if zoo_unit == "split":
         docs = [text]
     elif zoo_unit == "line":
-        docs = [line for line in text.split("\n") if line.strip()]
+        docs = [line + "\n" for line in text.split("\n") if line.strip()]
     else:
         raise ValueError(f"zoo_unit must be 'split' or 'line', got {zoo_unit!r}")
     return {zoo_split: datasets.Dataset.from_dict({"text": docs})}

@@ -11,11 +11,17 @@ from zoo.cli.options import load_model, model_command
 def register(subparsers) -> None:
     sp = model_command(subparsers, "info", "describe a model and where it was loaded from")
     sp.add_argument("--json", action="store_true")
+    sp.add_argument("--directory", action="store_true",
+                    help="print only the checkpoint folder (for tools that read it: transformers, lm-eval's "
+                         "tokenizer=)")
     sp.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args)
+    if args.directory:
+        print(getattr(model, "directory", ""))
+        return 0
     info = {"name": model.name, "source": model.source, "pinned": model.pinned, "backend": model.backend,
             "device": str(model.device),
             "directory": str(getattr(model, "directory", "")), "architecture": model.lm.architecture,

@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from zoo.checkpoint import HF_MODEL_TYPE
 from zoo.hf.configuration import AlstmZooConfig, recognise_zoo_configs
 from zoo.hf.modeling import AlstmZooCache, AlstmZooForCausalLM
+from zoo.hf.pipeline import use_for_text_generation
 from zoo.hf.tokenization import AlstmZooTokenizer
 
 __all__ = ["AlstmZooCache", "AlstmZooConfig", "AlstmZooForCausalLM", "AlstmZooTokenizer", "register"]
@@ -35,6 +36,7 @@ def register() -> None:
     AutoModelForCausalLM.register(AlstmZooConfig, AlstmZooForCausalLM, exist_ok=True)
     AutoTokenizer.register(AlstmZooConfig, fast_tokenizer_class=AlstmZooTokenizer, exist_ok=True)
     recognise_zoo_configs()
+    use_for_text_generation()
 
 
 register()

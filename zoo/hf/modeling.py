@@ -35,6 +35,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from zoo.catalog import catalog
+from zoo.device import resolve_device
 from zoo.errors import ConfigError
 from zoo.hf.configuration import AlstmZooConfig
 from zoo.hub import HF_PREFIX
@@ -147,7 +148,8 @@ class AlstmZooForCausalLM(AlstmZooPreTrainedModel, GenerationMixin):
                         **kwargs: Any) -> AlstmZooForCausalLM:
         """Load as :func:`zoo.load` does (see the module docstring). ``dtype`` (``torch_dtype``): ``None`` or
         ``"auto"`` gives float32, as the zoo loads every checkpoint; a torch dtype casts. ``device_map``: a single
-        device (``"cpu"``, ``"cuda:0"``); ``revision``, ``cache_dir``, ``token``: for Hub models."""
+        device (``"cpu"``, ``"cuda"``, ``"cuda:0"``, ``"auto"``; :meth:`to`); ``revision``, ``cache_dir``,
+        ``token``: for Hub models."""
         bad = sorted(k for k in _UNSUPPORTED if kwargs.get(k))
         if model_args or bad:
             raise ConfigError(f"{cls.__name__}.from_pretrained: not supported by the zoo's loading: "
@@ -167,11 +169,36 @@ class AlstmZooForCausalLM(AlstmZooPreTrainedModel, GenerationMixin):
         device = kwargs.get("device_map")
         if isinstance(device, dict) and set(device) == {""}:
             device = device[""]
-        if device not in (None, "auto"):
-            if not isinstance(device, str | int | torch.device):
+        if device is not None:
+            if isinstance(device, int) and not isinstance(device, bool):
+                device = f"cuda:{device}"
+            if not isinstance(device, str | torch.device):
                 raise ConfigError(f"{cls.__name__}.from_pretrained: device_map must name one device, got {device!r}")
-            hf.to(device)
+            hf.to(device)  # ("auto": CUDA when there is one, as the zoo's device rules say)
         return hf
+
+    # -- devices: the zoo's rules -----------------------------------------------------------------------------
+    def to(self, *args: Any, **kwargs: Any) -> AlstmZooForCausalLM:
+        """``nn.Module.to``, with a device moved through the zoo (:meth:`zoo.ZooModel.to`: the zoo's device names,
+        ``"auto"`` included, a one-line :class:`~zoo.errors.DeviceError` for a device this machine lacks, float32
+        kept exact on CUDA, the CUDA-graph runner), so ``model.zoo`` scores where this model runs."""
+        device = kwargs.pop("device", None)
+        if args and isinstance(args[0], str | torch.device | int) and not isinstance(args[0], bool):
+            device, args = args[0], args[1:]
+        if isinstance(device, int):
+            device = f"cuda:{device}"
+        if device is not None:
+            if self.zoo is not None:
+                self.zoo.to(device)
+            else:
+                super().to(resolve_device(device))
+        return super().to(*args, **kwargs) if args or kwargs else self
+
+    def cuda(self, device: int | torch.device | None = None) -> AlstmZooForCausalLM:
+        return self.to("cuda" if device is None else device if isinstance(device, torch.device) else f"cuda:{device}")
+
+    def cpu(self) -> AlstmZooForCausalLM:
+        return self.to("cpu")
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """Write a zoo checkpoint (``config.json`` with ``model_type``, ``model.safetensors``, ``vocab.json``,
@@ -244,6 +271,25 @@ class AlstmZooForCausalLM(AlstmZooPreTrainedModel, GenerationMixin):
         logp = logits_target_logprobs(logits[:, :-1], targets.masked_fill(~keep, 0))
         total = -(logp * keep).sum()
         return total / (num_items if num_items is not None else keep.sum().clamp(min=1))
+
+    def _get_stopping_criteria(self, generation_config: Any, stopping_criteria: Any, tokenizer: Any = None,
+                               *args: Any, **kwargs: Any) -> Any:
+        """transformers' criteria, with ``stop_strings`` read the zoo's way (:mod:`zoo.hf.stopping`): the zoo's
+        tokenizer is the one passed (``tokenizer=``) or the model's own."""
+        stops = generation_config.stop_strings
+        zoo_tok = getattr(tokenizer, "zoo_tokenizer", None) or (self.zoo.tokenizer if self.zoo is not None else None)
+        if stops is None or zoo_tok is None:
+            return super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer, *args, **kwargs)
+        from zoo.hf.stopping import ZooStopStrings
+
+        generation_config.stop_strings = None
+        try:
+            criteria = super()._get_stopping_criteria(generation_config, stopping_criteria, tokenizer, *args,
+                                                      **kwargs)
+        finally:
+            generation_config.stop_strings = stops
+        criteria.append(ZooStopStrings(stops, zoo_tok))
+        return criteria
 
     def _prepare_attention_mask_for_generation(self, inputs_tensor: Tensor, generation_config: Any,
                                                model_kwargs: dict[str, Any]) -> Tensor:

@@ -9,6 +9,13 @@ layer sizes can differ (the last layer matches a tied embedding) and weight drop
 The layer runs through ``torch.lstm`` (the op behind ``nn.LSTM``) with explicit weights: this is
 how weight drop is applied without the deprecated re-registration trick of the AWD code, and it
 keeps the fused kernel for both the sequence and the single-step path.
+
+The kernel's own ``train`` flag is not the module's mode: it is on whenever autograd records (and in training).
+cuDNN runs an RNN in inference mode when that flag is off and then refuses its backward ("cudnn RNN backward can
+only be called in training mode"), while dynamic evaluation, its gradient statistics and a transformers loss in
+``eval()`` take gradients of a model in eval mode. The flag only selects the kernel's dropout (0 here: dropout is
+the module's, by its mode) and whether cuDNN keeps what its backward needs, so the numbers are the same either
+way (bit-identical on the CPU); without autograd (scoring, generation, exports) the kernel runs in inference mode.
 """
 
 from __future__ import annotations
@@ -107,7 +114,7 @@ class LSTMStack(RecurrentStack):
         new_state: list[Tensor] = []
         for layer in range(self.num_layers):
             h, c = state[2 * layer], state[2 * layer + 1]
-            x, h, c = _fused_lstm(x, h, c, self.layer_weights(layer), self.training)
+            x, h, c = _fused_lstm(x, h, c, self.layer_weights(layer), self.training or torch.is_grad_enabled())
             new_state += [h.squeeze(0), c.squeeze(0)]
             if train_masks and layer < self.num_layers - 1:
                 mask = locked_mask(x.shape[0], x.shape[-1], self.dropout_hidden, x.device, x.dtype)

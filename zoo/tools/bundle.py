@@ -28,7 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from zoo.catalog import DEFAULT_REVISION, bundled_dir, catalog_path
-from zoo.checkpoint import CARD_FILE, CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, WEIGHTS_FILE, hf_fields
+from zoo.checkpoint import (
+    CARD_FILE,
+    CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    VOCAB_FILE,
+    WEIGHTS_FILE,
+    hf_fields,
+    tokenizer_config_text,
+)
 from zoo.errors import ConfigError
 from zoo.files import is_leftover, sha256_file, write_atomic
 from zoo.tools import PACKAGE_DIR, REPO
@@ -304,6 +313,7 @@ class _Release:
             raise BundleError(f"the release checkpoint does not load: {e}") from None
         # written here rather than copied, so that runs made before tokenizer.json existed ship one too
         (stage / TOKENIZER_FILE).write_text(json.dumps(tokenizer.to_hf_json(), ensure_ascii=False), encoding="utf-8")
+        (stage / TOKENIZER_CONFIG_FILE).write_text(tokenizer_config_text(tokenizer), encoding="utf-8")
         for f, fig_name in zip(self.figures, self.figure_names, strict=True):
             shutil.copyfile(f, stage / fig_name)
         sizes = {f: (stage / f).stat().st_size for f in RELEASE_FILES}
