@@ -114,12 +114,13 @@ def _threads(tmp_path_factory):
 #: module must be added here: tests/test_markers.py fails until it is.
 MODULE_TIERS: dict[str, str] = {
     **dict.fromkeys([  # (test_lint runs ruff: a Rust binary, a second or two)
-        "test_adaptive_linear", "test_agreement", "test_alstm", "test_cards_bundle", "test_checkpoint", "test_cli", "test_compat",
-        "test_completions", "test_data", "test_device", "test_dynamic", "test_fast_paths", "test_fused_loss",
-        "test_generation", "test_handler", "test_hf", "test_hyper_graphs", "test_hyperlstm", "test_layers",
-        "test_limits", "test_lint", "test_markers", "test_model_cache", "test_models_common", "test_pnorm_gru",
-        "test_precision", "test_readme", "test_routes", "test_scheduler", "test_scoring", "test_sentences",
-        "test_service", "test_tiers", "test_tokenizer", "test_tokenizer_json", "test_toy_architecture"], "unit"),
+        "test_adaptive_linear", "test_agreement", "test_alstm", "test_cards_bundle", "test_checkpoint", "test_cli",
+        "test_compat", "test_completions", "test_data", "test_device", "test_dynamic", "test_fast_paths",
+        "test_fused_loss", "test_generation", "test_handler", "test_hf", "test_hyper_graphs", "test_hyperlstm",
+        "test_layers", "test_limits", "test_lint", "test_markers", "test_model_cache", "test_models_common",
+        "test_pnorm_gru", "test_precision", "test_readme", "test_routes", "test_scheduler", "test_scoring",
+        "test_sentences", "test_service", "test_tiers", "test_tokenizer", "test_tokenizer_json",
+        "test_toy_architecture"], "unit"),
     # (test_export, test_ferry: in-process, but their ONNX exports and training runs take minutes)
     **dict.fromkeys([
         "test_app", "test_campaign", "test_docs", "test_export", "test_ferry", "test_lm_eval",
