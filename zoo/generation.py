@@ -198,22 +198,28 @@ def sample_steps(runner, tokenizer: Tokenizer, prompt: str, params: SamplingPara
         yield nxt
 
 
+def word_gap(tokenizer: Tokenizer, before: str, piece: str) -> str:
+    """The one spacing rule, for every caller that joins text the zoo generated (the detokeniser below, the
+    transformers pipeline's prompt + completion): a word model puts a space before a word unless what precedes it
+    is empty or ends in white space, or the piece starts a line (``<eos>`` reads as a line break); a character
+    model's pieces are joined as they are (its ``_`` is already a space)."""
+    spaced = bool(before) and not before[-1].isspace()
+    return " " if spaced and not tokenizer.is_char and not piece.startswith("\n") else ""
+
+
 class Detokenizer:
-    """Token ids to display pieces whose concatenation is the text, by the one spacing rule: a word model puts a
-    space before a word unless what precedes it (the pieces so far, else ``before``: the text they follow, empty
-    at the start of a text) is empty or ends in white space; ``<eos>`` is a line break, a character model's ``_`` a
-    space, and a character model's pieces are joined as they are."""
+    """Token ids to display pieces whose concatenation is the text, by :func:`word_gap` (``before``: the text the
+    pieces follow, empty at the start of a text)."""
 
     def __init__(self, tokenizer: Tokenizer, before: str = ""):
         self.tokenizer = tokenizer
-        self.spaced = bool(before) and not before[-1].isspace()  # whether a word here needs a space in front
+        self.before = before[-1:]  # the last character so far: all the spacing rule reads
 
     def piece(self, idx: int) -> str:
         piece = self.tokenizer.token_text(idx)
-        if not self.tokenizer.is_char and piece != "\n" and self.spaced:
-            piece = " " + piece
+        piece = word_gap(self.tokenizer, self.before, piece) + piece
         if piece:
-            self.spaced = not piece[-1].isspace()
+            self.before = piece[-1]
         return piece
 
 

@@ -5,7 +5,7 @@ transformers 5 decodes only the generated tokens and glues them to the prompt (`
 tokenizer whose tokens carry their own leading space (GPT-2's ``Ġ``, SentencePiece's ``▁``) reads right, but the
 zoo's tokens are whitespace-separated words, so ``"the stock market"`` + ``"is n't"`` read
 ``"the stock marketis n't"``. :class:`ZooTextGenerationPipeline` joins them as ``zoo generate`` does
-(:class:`zoo.generation.Detokenizer`: a space before a word that does not start a line; characters as they are).
+(:func:`zoo.generation.word_gap`, the rule ``zoo generate`` prints by).
 It is the ``text-generation`` task's class once ``zoo.hf`` is imported (:func:`use_for_text_generation`) and differs
 from transformers' own only for a zoo tokenizer.
 """
@@ -17,15 +17,14 @@ from typing import Any
 from transformers.pipelines import SUPPORTED_TASKS
 from transformers.pipelines.text_generation import ReturnType, TextGenerationPipeline
 
+from zoo.generation import word_gap
 from zoo.hf.tokenization import AlstmZooTokenizer
 
 
 def join_words(tokenizer: AlstmZooTokenizer, prompt: str, text: str) -> str:
-    """``prompt`` followed by generated ``text``: with a space between them where a word model's next word does not
-    start a line (the rule of :class:`zoo.generation.Detokenizer`)."""
-    word_model = not tokenizer.zoo_tokenizer.is_char
-    gap = word_model and prompt and text and not prompt[-1].isspace() and not text[0].isspace()
-    return prompt + (" " if gap else "") + text
+    """``prompt`` followed by generated ``text``, joined by the zoo's one spacing rule
+    (:func:`zoo.generation.word_gap`)."""
+    return prompt + (word_gap(tokenizer.zoo_tokenizer, prompt, text) if text else "") + text
 
 
 class ZooTextGenerationPipeline(TextGenerationPipeline):

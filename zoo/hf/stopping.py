@@ -37,8 +37,8 @@ class ZooStopStrings(StoppingCriteria):
         begin = max(self.start, input_ids.shape[1] - self.window)
         done = []
         for row in input_ids.tolist():
-            line_start = begin == 0 or row[begin - 1] == self.tokenizer.eos_id
-            pieces = Detokenizer(self.tokenizer, at_start=line_start)
+            before = self.tokenizer.token_text(row[begin - 1]) if begin else ""
+            pieces = Detokenizer(self.tokenizer, before=before)
             text = "".join(pieces.piece(i) for i in row[begin:])
             done.append(any(s in text for s in self.stops))
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
