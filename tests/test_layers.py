@@ -203,7 +203,7 @@ def test_checkout_commands_come_from_the_entry_point():
 #: sits above all of them.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("zoo.errors", "zoo.files", "zoo.formatting", "zoo.version", "zoo.validate", "zoo.device",
-                    "zoo.precision", "zoo.captured_step", "zoo.captured_inference")),
+                    "zoo.precision", "zoo.training.captured_step", "zoo.captured_inference")),
     ("text", ("zoo.datasets", "zoo.data")),
     ("tokens", ("zoo.tokenizer",)),
     ("model", ("zoo.registry", "zoo.models", "zoo.lm", "zoo.checkpoint")),
