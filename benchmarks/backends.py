@@ -38,8 +38,8 @@ import torch
 from zoo.backends import backend_names, cpu_cores, get_backend, make_runner
 from zoo.catalog import bundled_dir
 from zoo.export import export_model
-from zoo.pretrained import ZooModel
 from zoo.tools.readme import write_result
+from zoo.zoo_model import ZooModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BACKENDS = tuple(backend_names())

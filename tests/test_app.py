@@ -32,12 +32,12 @@ import zoo  # noqa: E402
 from tests.conftest import REPO, TINY_ARCHS, WORDS, tiny_lm, tiny_tokenizer  # noqa: E402
 from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
-from zoo.pretrained import ZooModel  # noqa: E402
 from zoo.tools import demo_handlers, demo_ui  # noqa: E402
 from zoo.tools.demo_registry import ModelRegistry, dynamic_stats_of  # noqa: E402
 from zoo.tools.demo_render import DIFFERENCE_SCALE_BITS, SURPRISAL_SCALE_BITS  # noqa: E402
 from zoo.tools.demo_stats import DynamicStats  # noqa: E402
 from zoo.tools.ports import free_port  # noqa: E402
+from zoo.zoo_model import ZooModel  # noqa: E402
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402

@@ -209,7 +209,7 @@ def test_model_statistics_are_kept_on_disk_for_the_next_process(tiny_checkpoint,
     """Each ``zoo ... --dynamic`` command is a new process: the statistics are read back from the cache (the same
     tensors), other weights never find them, a torn file is remade, and ``cache=False`` neither reads nor writes."""
     import zoo
-    import zoo.pretrained
+    import zoo.zoo_model
 
     monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
     p = DynamicParams(**SMALL)
@@ -223,7 +223,7 @@ def test_model_statistics_are_kept_on_disk_for_the_next_process(tiny_checkpoint,
         calls.append(1)
         return gradient_stats(*args, **kw)
 
-    monkeypatch.setattr(zoo.pretrained, "gradient_stats", counted)
+    monkeypatch.setattr(zoo.zoo_model, "gradient_stats", counted)
     again = zoo.load(str(tiny_checkpoint)).dynamic_stats(p)
     assert not calls and all(torch.equal(a, b) for a, b in zip(first.rms, again.rms, strict=True))
     assert again.num_tokens == first.num_tokens and again.key == first.key

@@ -208,7 +208,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tokens", ("zoo.tokenizer",)),
     ("model", ("zoo.registry", "zoo.models", "zoo.lm", "zoo.checkpoint")),
     ("scoring and generation", ("zoo.scoring", "zoo.dynamic", "zoo.generation", "zoo.adaptation")),
-    ("backends, loading and training", ("zoo.export", "zoo.backends", "zoo.catalog", "zoo.hub", "zoo.pretrained",
+    ("backends, loading and training", ("zoo.export", "zoo.backends", "zoo.catalog", "zoo.hub", "zoo.zoo_model",
                                         "zoo.model_cache", "zoo.hf", "zoo.training", "zoo")),
     ("services: the wire and the harness", ("zoo.api", "zoo.lm_eval_plugin", "zoo.lm_eval_tasks")),
     ("command line", ("zoo.cli",)),

@@ -345,7 +345,7 @@ def _open_runner(spec: BackendSpec, directory: Path) -> Any:
 
 
 def attach_backend(model: Any, backend: str, directory: str | os.PathLike | None = None) -> Any:
-    """Switch a :class:`~zoo.pretrained.ZooModel` to ``backend`` in place (and return it)."""
+    """Switch a :class:`~zoo.zoo_model.ZooModel` to ``backend`` in place (and return it)."""
     model.runner = make_runner(model, backend, directory)
     model.backend = backend
     model.precision = "fp32"   # exports run as exported (see ZooModel.set_precision)

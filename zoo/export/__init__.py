@@ -23,7 +23,7 @@ __all__ = ["FORMATS", "export_model", "exports_root", "read_manifest", "weights_
 
 def export_model(model: Any, out_dir: str | Path, formats: tuple[str, ...] = FORMATS, quantize: str | None = None,
                  verify: bool = True, progress: bool = False) -> dict[str, dict[str, Any]]:
-    """Export ``model`` (a :class:`~zoo.pretrained.ZooModel`) into ``out_dir/<format>/``.
+    """Export ``model`` (a :class:`~zoo.zoo_model.ZooModel`) into ``out_dir/<format>/``.
 
     With ``verify`` the written files are loaded back and compared with eager PyTorch on (B, T) shapes
     other than the export example; the result is stored in each manifest under ``parity``.

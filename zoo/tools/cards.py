@@ -540,7 +540,7 @@ def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, 
     """The README's table of pretrained models, generated from the catalogue (``zoo bundle --readme-table``).
     ``dynamic``: test perplexities under dynamic evaluation (:func:`dynamic_results`), a column of their own."""
     if cat is None:
-        from zoo.pretrained import catalog
+        from zoo.zoo_model import catalog
 
         cat = catalog()
     dynamic = dynamic or {}

@@ -20,7 +20,6 @@ from zoo.adaptation import trace_text
 from zoo.api.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request
 from zoo.checkpoint import CheckpointError, read_config
 from zoo.errors import InvalidRequest, ZooError
-from zoo.pretrained import ZooModel
 from zoo.tools.demo_registry import ModelRegistry, dynamic_stats_of
 from zoo.tools.demo_render import (
     DIFFERENCE_SCALE_BITS,
@@ -31,6 +30,7 @@ from zoo.tools.demo_render import (
     heatmap_html,
 )
 from zoo.tools.demo_stats import DynamicStats
+from zoo.zoo_model import ZooModel
 
 #: Input caps for a small shared CPU machine.
 MAX_CHARS = 20_000

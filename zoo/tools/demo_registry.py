@@ -22,11 +22,11 @@ import zoo
 from zoo.catalog import bundled_dir, catalog
 from zoo.checkpoint import CheckpointError, read_config
 from zoo.model_cache import ModelCache
-from zoo.pretrained import ZooModel
 from zoo.registry import ARCHITECTURES
 from zoo.tools import REPO
 from zoo.tools.demo_render import _fmt, render_curve
 from zoo.tools.demo_stats import DynamicStats
+from zoo.zoo_model import ZooModel
 
 log = logging.getLogger("zoo.demo")
 

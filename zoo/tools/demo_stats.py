@@ -1,6 +1,6 @@
 """The demo's dynamic-evaluation statistics, collected at start-up in a background process.
 
-Why: collecting them (:meth:`zoo.pretrained.ZooModel.dynamic_stats`) takes about a minute of CPU per model, and
+Why: collecting them (:meth:`zoo.zoo_model.ZooModel.dynamic_stats`) takes about a minute of CPU per model, and
 when the first visitor's request did it, two 20,000-character dynamic calls held both of the demo's compute
 slots for 7 minutes while a plain score waited behind them. Here they are collected once, before anyone asks,
 by a child process at the lowest CPU priority, into the library's disk cache (a later start reads them back in

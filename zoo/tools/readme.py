@@ -80,8 +80,8 @@ def models_section(repo: Path = REPO) -> str:
 def best_models_section(repo: Path = REPO) -> str:
     """The README's short table: per dataset (and training mode), the bundled model with the lowest test number,
     beside the published number its card compares with."""
-    from zoo.pretrained import catalog
     from zoo.tools.cards import has_numbers
+    from zoo.zoo_model import catalog
 
     best: dict[str, tuple[str, dict]] = {}
     for name, m in sorted(catalog().get("models", {}).items()):
