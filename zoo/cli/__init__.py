@@ -30,7 +30,7 @@ CHECKOUT_COMMANDS = ("serve", "bundle", "publish")
 
 def _add_export(subparsers) -> None:
     """``zoo export``: the export package's own command (imported only when the parser is built)."""
-    from zoo.export.cli import add
+    from zoo.cli.export import add
 
     add(subparsers)
 
