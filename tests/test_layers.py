@@ -138,6 +138,28 @@ def test_the_cli_sits_at_the_top_of_the_library():
     assert "zoo.cli" in graph["zoo.cli.__main__"] and graph["zoo.cli"] >= commands
 
 
+def _defining_module(parser) -> str:
+    """The module of the function a sub-parser runs (for a command with sub-commands, its first one's)."""
+    while parser.get_default("func") is None and parser._subparsers is not None:
+        parser = next(iter(parser._subparsers._group_actions[0].choices.values()))
+    return parser.get_default("func").__module__
+
+
+def test_every_command_is_listed_with_the_module_that_defines_it():
+    """``zoo.cli.COMMANDS`` and ``CHECKOUT_COMMANDS`` are the one listing of where each command lives (as
+    huggingface_hub's ``hf.py``): every sub-command of ``zoo`` is in it, and its module is the one whose function
+    runs it."""
+    from zoo import cli
+
+    parser = cli.build_parser()
+    for add in cli._plugin_commands():
+        add(parser.subparsers)
+    listed = {**{n: m.__name__ for n, m in cli.COMMANDS.items()}, **cli.CHECKOUT_COMMANDS}
+    assert {n: _defining_module(sp) for n, sp in parser.subparsers.choices.items()} == listed
+    assert list(parser.subparsers.choices)[:len(cli.COMMANDS)] == list(cli.COMMANDS)
+    assert all(m.startswith("zoo.cli.") for m in map(lambda m: m.__name__, cli.COMMANDS.values()))
+
+
 def test_library_holds_no_repository_relative_path():
     """Outside zoo.tools, nothing resolves a path above the package (the repository's folders)."""
     offenders = []

@@ -28,7 +28,7 @@ def _uncreatable(out: Path) -> str | None:
     return None
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import zoo
     from zoo.export import export_model
 
@@ -79,7 +79,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def add(subparsers) -> None:
+def register(subparsers) -> None:
     sp = subparsers.add_parser("export", help="export a model to ONNX (sequence + step graphs) and/or TorchScript")
     sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, a checkpoint directory, or "
                     "hf-hub:ORG/NAME[@REVISION]")
@@ -89,4 +89,4 @@ def add(subparsers) -> None:
                     "else ~/.local/share/alstm-zoo/exports/); formats go to <out>/<format>/")
     sp.add_argument("--revision", help="Hub revision (tag, branch or commit) to load")
     sp.add_argument("--no-verify", action="store_true", help="skip the parity check against eager PyTorch")
-    sp.set_defaults(func=cmd_export)
+    sp.set_defaults(func=run)
