@@ -185,7 +185,7 @@ CARD_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 
 def pieces_line(log: list[dict[str, Any]], finished_on: str | None = None) -> str | None:
     """The card's line for a run trained in pieces and carried between machines (``zoo train
-    --pause-after-minutes``, ``zoo/tools/ferry.py``): the hardware line names only the machine that finished it,
+    --pause-after-minutes``, ``zoo/tools/gpu/ferry.py``): the hardware line names only the machine that finished it,
     so this one says which epochs each machine trained, and that each trip rounded the weights once."""
     trips = [r for r in log if r.get("event") == "ferried"]
     paused = sum(1 for r in log if r.get("event") == "paused")
@@ -197,7 +197,7 @@ def pieces_line(log: list[dict[str, Any]], finished_on: str | None = None) -> st
         line += (f"; carried between machines {len(trips)} time{'s' if len(trips) != 1 else ''}"
                  + (f" (from {', '.join(machines)})" if machines else "")
                  + ", each trip rounding the weights to float16 once and Adam's second moment to an 8-bit code "
-                   "(`zoo/tools/ferry.py`)")
+                   "(`zoo/tools/gpu/ferry.py`)")
     spans = epoch_devices(log, finished_on)
     if len(spans) > 1:
         line += "; " + ", ".join(f"epoch{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''} on {short_device(d)}"
