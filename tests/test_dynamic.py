@@ -315,7 +315,7 @@ def test_benchmark_refuses_an_unknown_model_and_a_quick_run_into_the_results():
 
 
 def test_models_table_reads_every_finished_dynamic_result(tmp_path):
-    from zoo.tools.cards import dynamic_results
+    from zoo.tools.release.cards import dynamic_results
 
     def write(name: str, model: str, quick: bool = False, finished: bool = True) -> None:
         res = {"meta": {"model": model, "quick": quick}} | ({"dynamic": {"test": {"ppl": 70.5}}} if finished else {})
@@ -388,7 +388,7 @@ def test_bundled_models_carry_their_measured_settings():
     ``--dynamic`` reproduces the README's "test, dynamic eval" column), and its card says so, in the body and in
     the machine-readable model-index (apart from the static numbers); the others ship none."""
     from zoo.catalog import bundled_dir, catalog
-    from zoo.tools.cards import DYNAMIC_METRIC_CONFIG, card_metrics, dynamic_runs
+    from zoo.tools.release.cards import DYNAMIC_METRIC_CONFIG, card_metrics, dynamic_runs
 
     runs = dynamic_runs(REPO / "benchmarks" / "results")
     assert "alstm-ptb-5m-long-medium" in runs

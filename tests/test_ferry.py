@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.test_train import kill_data, write_recipe, zoo  # noqa: F401 (kill_data is a fixture: a small corpus)
-from zoo.tools.cards import epoch_devices, pieces_line
 from zoo.tools.gpu import ferry
+from zoo.tools.release.cards import epoch_devices, pieces_line
 from zoo.training import Recipe, Trainer
 
 

@@ -31,8 +31,8 @@ from tests.olah_fixture import (
     zoo_cli,
 )
 from zoo import hub
-from zoo.tools import cards, publish
 from zoo.tools.ports import free_port
+from zoo.tools.release import cards, publish
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 

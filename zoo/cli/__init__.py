@@ -32,7 +32,8 @@ COMMANDS_GROUP = "alstm_zoo.commands"
 #: The checkout's commands and the module of each (checkout tooling, zoo.tools, not in the wheel: the
 #: :data:`COMMANDS_GROUP` entry point adds them); named here to say where they live, and where a plain install
 #: lacks them.
-CHECKOUT_COMMANDS = {"serve": "zoo.tools.serve.cli", "bundle": "zoo.tools.bundle", "publish": "zoo.tools.publish"}
+CHECKOUT_COMMANDS = {"serve": "zoo.tools.serve.cli", "bundle": "zoo.tools.release.bundle",
+                     "publish": "zoo.tools.release.publish"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -147,7 +147,7 @@ def to_toml(data: dict[str, Any], prefix: str = "") -> str:
 
 def has_numbers(reference: dict[str, Any] | None) -> bool:
     """Whether a recipe's ``[reference]`` gives a published number; without one it only cites the setting a run
-    follows (see :func:`zoo.tools.bundle.find_reference`)."""
+    follows (see :func:`zoo.tools.release.bundle.find_reference`)."""
     return bool(reference) and any(k in reference for k in ("valid", "test"))
 
 
