@@ -2,10 +2,10 @@
 and watch the adaptation policy at work.
 
 The entry point only: ``python app.py`` (``make demo``) reads its options, makes the model registry, builds the
-page and serves it on loopback. The parts live in ``zoo/tools``: the models (:mod:`zoo.tools.demo_registry`, over
-the library's :class:`zoo.model_cache.ModelCache`), the endpoint functions (:mod:`zoo.tools.demo_handlers`), the
-tabs (:mod:`zoo.tools.demo_ui`), the rendering (:mod:`zoo.tools.demo_render`), the route guard
-(:mod:`zoo.tools.demo_guard`) and dynamic evaluation's statistics (:mod:`zoo.tools.demo_stats`); scoring, sampling
+page and serves it on loopback. The parts live in ``zoo/tools``: the models (:mod:`zoo.tools.demo.registry`, over
+the library's :class:`zoo.model_cache.ModelCache`), the endpoint functions (:mod:`zoo.tools.demo.handlers`), the
+tabs (:mod:`zoo.tools.demo.ui`), the rendering (:mod:`zoo.tools.demo.render`), the route guard
+(:mod:`zoo.tools.demo.guard`) and dynamic evaluation's statistics (:mod:`zoo.tools.demo.stats`); scoring, sampling
 and the adaptation trace all come from the library. It runs offline on the bundled models plus any checkpoint
 directories given with ``--model-dir`` (repeatable) or ``ZOO_DEMO_MODELS`` (paths separated by ``os.pathsep``).
 
@@ -40,18 +40,18 @@ if __name__ == "__main__":
     _check_port_env()
 
 from zoo.device import resolve_device  # noqa: E402
-from zoo.tools import demo_ui  # noqa: E402
-from zoo.tools.demo_guard import GuardRoutes  # noqa: E402
-from zoo.tools.demo_handlers import NONE_CHOICE  # noqa: E402, F401  (the "Compare with" box's none, for clients)
-from zoo.tools.demo_registry import ModelRegistry  # noqa: E402
-from zoo.tools.demo_render import curves_dir  # noqa: E402
-from zoo.tools.demo_ui import CSS, ZooDemo  # noqa: E402
+from zoo.tools.demo import ui as demo_ui  # noqa: E402
+from zoo.tools.demo.guard import GuardRoutes  # noqa: E402
+from zoo.tools.demo.handlers import NONE_CHOICE  # noqa: E402, F401  (the "Compare with" box's none, for clients)
+from zoo.tools.demo.registry import ModelRegistry  # noqa: E402
+from zoo.tools.demo.render import curves_dir  # noqa: E402
+from zoo.tools.demo.ui import CSS, ZooDemo  # noqa: E402
 from zoo.tools.ports import port_free  # noqa: E402
 
 
 def build_demo(model_dirs: Sequence[str | os.PathLike] = (), device: str = "cpu") -> ZooDemo:
     """The demo over the bundled models plus ``model_dirs``, run on ``device``: the registry is made here and
-    passed to the page (:func:`zoo.tools.demo_ui.build_demo`); a bad directory is a ``ValueError``."""
+    passed to the page (:func:`zoo.tools.demo.ui.build_demo`); a bad directory is a ``ValueError``."""
     return demo_ui.build_demo(ModelRegistry(model_dirs, device))
 
 

@@ -9,7 +9,7 @@ well under a second); a dynamic request for a model whose statistics are not rea
 A process rather than a thread: it can be ended at any moment (a thread inside a minute-long torch computation
 cannot, and one still running at interpreter exit aborted it), and its memory goes when it ends.
 
-    python -m zoo.tools.demo_stats '[["name", "bundled" or "<checkpoint dir>"], ...]'   # the child's side
+    python -m zoo.tools.demo.stats '[["name", "bundled" or "<checkpoint dir>"], ...]'   # the child's side
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class DynamicStats:
         if self._stopped or not batch:
             self.proc = None
             return
-        self.proc = subprocess.Popen([sys.executable, "-m", "zoo.tools.demo_stats", json.dumps(batch)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "zoo.tools.demo.stats", json.dumps(batch)],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         atexit.register(self.stop)
         threading.Thread(target=self._read, args=(self.proc, batch), daemon=True).start()
