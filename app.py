@@ -41,6 +41,7 @@ if __name__ == "__main__":
 
 from zoo.tools.demo.handlers import NONE_CHOICE  # noqa: E402, F401  (the "Compare with" box's none, for clients)
 from zoo.tools.demo.launch import build_demo, launch, main, model_dirs_from, parse_args  # noqa: E402, F401
+from zoo.tools.demo.registry import ModelRegistry  # noqa: E402, F401  (what build_demo makes; tests build one)
 
 if __name__ == "__main__":
     sys.exit(main())
