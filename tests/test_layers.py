@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -350,6 +351,48 @@ def test_the_package_checker_refuses_an_unplaced_module_and_a_sideways_import():
 @pytest.mark.parametrize("pkg", sorted(PACKAGE_FLOORS))
 def test_each_package_is_ordered_inside(pkg):
     problems = package_problems(import_graph(), pkg, PACKAGE_FLOORS[pkg])
+    assert not problems, "\n".join(problems)
+
+
+#: The page that names every module (docs/develop/layout.md), kept current by the next tests.
+LAYOUT_DOC = REPO / "docs" / "develop" / "layout.md"
+
+
+def layout_problems(text: str, files: set[str]) -> list[str]:
+    """What layout.md gets wrong about ``files`` (the modules and scripts under ``zoo/``, paths from the repository
+    root): one it does not name, and a name of it that is no file. A table row names a file by its path, or by its
+    file name when the row's first cell names the folder it is in (``| `zoo/api/` | ... `http.py` ... |``) or it is
+    at the root; a package's ``__init__.py`` is named by its folder in a first cell."""
+    named: set[str] = set()
+    problems = []
+    for row in (line for line in text.splitlines() if line.startswith("| `")):
+        folders = [f for f in re.findall(r"`([^`]+)`", row.split("|")[1]) if f.endswith("/")]
+        named.update(f + "__init__.py" for f in folders)
+        for token in re.findall(r"`([^`\s]+\.(?:py|sh))`", row):
+            candidates = [token] if "/" in token else [f + token for f in folders] + [token]  # (or at the root)
+            hits = [c for c in candidates if c in files or (REPO / c).is_file()]
+            named.update(hits)
+            if not hits:
+                problems.append(f"layout.md names {token}, which is no file (looked for {', '.join(candidates)})")
+    problems += [f"{f}: not named in layout.md" for f in sorted(files - named)]
+    return problems
+
+
+def zoo_files() -> set[str]:
+    return {str(p.relative_to(REPO)) for p in PACKAGE.rglob("*") if p.suffix in (".py", ".sh")
+            and "__pycache__" not in p.parts}
+
+
+def test_the_layout_checker_finds_an_unnamed_module_and_a_stale_name():
+    files = {"zoo/a/__init__.py", "zoo/a/b.py", "zoo/c.py"}
+    assert layout_problems("| `zoo/a/`, `zoo/c.py` | `b.py` |", files) == []
+    assert layout_problems("| `zoo/a/` | `b.py`, `gone.py` |", files) == [
+        "layout.md names gone.py, which is no file (looked for zoo/a/gone.py, gone.py)",
+        "zoo/c.py: not named in layout.md"]
+
+
+def test_layout_md_names_every_module_and_only_modules_that_exist():
+    problems = layout_problems(LAYOUT_DOC.read_text(encoding="utf-8"), zoo_files())
     assert not problems, "\n".join(problems)
 
 
