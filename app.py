@@ -2,12 +2,14 @@
 and watch the adaptation policy at work.
 
 The entry point only: ``python app.py`` (``make demo``) reads its options, makes the model registry, builds the
-page and serves it on loopback. The parts live in ``zoo/tools``: the models (:mod:`zoo.tools.demo_registry`, over
-the library's :class:`zoo.model_cache.ModelCache`), the endpoint functions (:mod:`zoo.tools.demo_handlers`), the
-tabs (:mod:`zoo.tools.demo_ui`), the rendering (:mod:`zoo.tools.demo_render`), the route guard
-(:mod:`zoo.tools.demo_guard`) and dynamic evaluation's statistics (:mod:`zoo.tools.demo_stats`); scoring, sampling
-and the adaptation trace all come from the library. It runs offline on the bundled models plus any checkpoint
-directories given with ``--model-dir`` (repeatable) or ``ZOO_DEMO_MODELS`` (paths separated by ``os.pathsep``).
+page and serves it on loopback (its environment is set here, before Gradio is imported). The demo is the package
+``zoo/tools/demo/``: the launch (:mod:`zoo.tools.demo.launch`: options, page, server), the models
+(:mod:`zoo.tools.demo.registry`, over the library's :class:`zoo.model_cache.ModelCache`), the endpoint functions
+(:mod:`zoo.tools.demo.handlers`), the tabs (:mod:`zoo.tools.demo.ui`), the rendering (:mod:`zoo.tools.demo.render`),
+the route guard (:mod:`zoo.tools.demo.guard`) and dynamic evaluation's statistics (:mod:`zoo.tools.demo.stats`);
+scoring, sampling and the adaptation trace all come from the library. It runs offline on the bundled models plus any
+checkpoint directories given with ``--model-dir`` (repeatable) or ``ZOO_DEMO_MODELS`` (paths separated by
+``os.pathsep``).
 
     python app.py [--port 7860] [--host 127.0.0.1] [--model-dir DIR ...]
 
@@ -16,10 +18,8 @@ Named API endpoints (gradio_client): ``/score``, ``/generate``, ``/adaptation``,
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from collections.abc import Sequence
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,87 +39,9 @@ def _check_port_env() -> None:
 if __name__ == "__main__":
     _check_port_env()
 
-from zoo.device import resolve_device  # noqa: E402
-from zoo.tools import demo_ui  # noqa: E402
-from zoo.tools.demo_guard import GuardRoutes  # noqa: E402
-from zoo.tools.demo_handlers import NONE_CHOICE  # noqa: E402, F401  (the "Compare with" box's none, for clients)
-from zoo.tools.demo_registry import ModelRegistry  # noqa: E402
-from zoo.tools.demo_render import curves_dir  # noqa: E402
-from zoo.tools.demo_ui import CSS, ZooDemo  # noqa: E402
-from zoo.tools.ports import port_free  # noqa: E402
-
-
-def build_demo(model_dirs: Sequence[str | os.PathLike] = (), device: str = "cpu") -> ZooDemo:
-    """The demo over the bundled models plus ``model_dirs``, run on ``device``: the registry is made here and
-    passed to the page (:func:`zoo.tools.demo_ui.build_demo`); a bad directory is a ``ValueError``."""
-    return demo_ui.build_demo(ModelRegistry(model_dirs, device))
-
-
-def launch(demo: ZooDemo, host: str = "127.0.0.1", port: int = 7860, block: bool = True):
-    """Start the server (loopback by default) and the collection of dynamic evaluation's statistics; returns
-    ``(app, local_url, share_url)`` when not blocking.
-
-    Only curve images may be served as files: each model's curve file and the folder of rendered curves,
-    never a model folder (weights) or anything else.
-    """
-    registry = demo.registry
-    demo.stats.start()
-    allowed = [str(curves_dir())]
-    allowed += [c for c in (registry.curve(n) for n in registry.names()) if c and not c.startswith(allowed[0])]
-    from starlette.middleware import Middleware
-
-    known = {fn.api_name for fn in demo.fns.values() if fn.api_name and getattr(fn, "api_visibility", "public")
-             == "public"}
-    return demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=True,
-                       css=CSS, show_error=True, footer_links=["api", "gradio"], max_threads=8,
-                       allowed_paths=allowed,
-                       app_kwargs={"middleware": [Middleware(GuardRoutes, demo=demo, known=known)]})
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    env_port = os.environ.get("GRADIO_SERVER_PORT", "").strip()
-    p = argparse.ArgumentParser(description="alstm-zoo Gradio demo (offline, on the bundled models)")
-    if env_port and not env_port.isdigit():
-        p.error(f"GRADIO_SERVER_PORT must be a port number, got {env_port!r}")
-    p.add_argument("--port", type=int, default=int(env_port) if env_port else 7860,
-                   help="port (default: $GRADIO_SERVER_PORT or 7860)")
-    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-                   help="address to bind (default 127.0.0.1)")
-    p.add_argument("--model-dir", action="append", default=[], metavar="DIR",
-                   help="extra checkpoint directory, or a folder of them (repeatable; also $ZOO_DEMO_MODELS)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto (cuda when there is one)")
-    args = p.parse_args(argv)
-    if not 0 < args.port < 65536:
-        p.error(f"--port must be in 1..65535, got {args.port}")
-    return args
-
-
-def model_dirs_from(args: argparse.Namespace) -> list[str]:
-    env = [d for d in os.environ.get("ZOO_DEMO_MODELS", "").split(os.pathsep) if d.strip()]
-    return env + list(args.model_dir)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    import torch
-
-    torch.set_num_threads(1)  # two events may run at once on a two-core machine: one core each
-    print("app.py: loading the models ...", flush=True)
-    try:
-        device = str(resolve_device(args.device, "--device"))  # a device this machine lacks: one line, exit 2
-        demo = build_demo(model_dirs_from(args), device)
-    except ValueError as e:
-        print(f"app.py: error: {e}", file=sys.stderr)
-        return 2
-    if not port_free(args.host, args.port):  # Gradio's own message would advise a variable we already read
-        print(f"app.py: error: port {args.port} on {args.host} is in use; pick another with --port N or "
-              "GRADIO_SERVER_PORT=N (make demo PORT=N)", file=sys.stderr)
-        return 2
-    # Gradio stays quiet (its share=True hint does not apply to a loopback demo): this line says where it is
-    print(f"app.py: serving the demo on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
-    launch(demo, args.host, args.port, block=True)
-    return 0
-
+from zoo.tools.demo.handlers import NONE_CHOICE  # noqa: E402, F401  (the "Compare with" box's none, for clients)
+from zoo.tools.demo.launch import build_demo, launch, main, model_dirs_from, parse_args  # noqa: E402, F401
+from zoo.tools.demo.registry import ModelRegistry  # noqa: E402, F401  (what build_demo makes; tests build one)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -35,11 +35,12 @@ from typing import Any
 
 import torch
 
-from zoo.backends import backend_names, cpu_cores, get_backend, make_runner
+from zoo.backends import backend_names, get_backend, make_runner
 from zoo.catalog import bundled_dir
 from zoo.export import export_model
-from zoo.pretrained import ZooModel
+from zoo.export.onnx_runtime import cpu_cores
 from zoo.tools.readme import write_result
+from zoo.zoo_model import ZooModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BACKENDS = tuple(backend_names())

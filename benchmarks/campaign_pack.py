@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from zoo.tools import ferry, runpack
+from zoo.tools.gpu import ferry, runpack
 from zoo.training import Recipe, Trainer, recipe_path
 
 

@@ -1,7 +1,7 @@
 """Total training tokens/s of one, two and three runs sharing one device, each in its own process.
 
 Why: a 17M model at batch 20 leaves an H100 mostly idle (one run with CUDA graphs: 36k tokens/s), so a lent GPU's
-few minutes may train several of the campaign's runs at once (``zoo/tools/gpu_piece.py``); whether two or three
+few minutes may train several of the campaign's runs at once (``zoo/tools/gpu/piece.py``); whether two or three
 processes add throughput or only split it is measured here, on the lent GPU, before choosing the layout.
 
 Each worker is a fresh trainer of its recipe (``--cuda-graphs`` on CUDA, as the pieces train) taking the
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from zoo.tools.gpu_piece import mps_daemon
+from zoo.tools.gpu.piece import mps_daemon
 from zoo.training import Recipe, Trainer, recipe_path
 
 

@@ -2,7 +2,7 @@
 
 Both modes take the same steps: a fresh trainer of the recipe from its seed, its variable-BPTT lengths drawn as
 training draws them, its carried state. The captured mode's first ``--warmup`` steps run eagerly and each new
-length is captured once (``zoo/captured_step.py``); the figure compared is the steady state (replays of lengths
+length is captured once (``zoo/training/captured_step.py``); the figure compared is the steady state (replays of lengths
 already captured) against the eager steps after the same warm-up, and the capture cost is reported beside it.
 
     python benchmarks/cuda_step.py --recipe alstm-ptb-17m --out benchmarks/results/cuda_step.json

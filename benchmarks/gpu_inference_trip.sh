@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_inference_trip.sh back        # after it (also safe to run twice)
 #
 # out: the device tool sends the tracked tree and the carried paths, 64 MiB in all; the bundled weights
-# (zoo/pretrained, 167 MB, tracked) leave the index for the trip (as zoo/tools/gpu_trip.sh does), the group's
+# (zoo/pretrained, 167 MB, tracked) leave the index for the trip (as zoo/tools/gpu/trip.sh does), the group's
 # models go to .devrun/models/NAME (weights, config, tokenizer: no figures) and their datasets to .devrun/data.
 # Device call: carry [".devrun"], timeout_s 600, command (group 0: speed, dynamic evaluation and equality):
 #   ZOO_DATA_DIR=.devrun/data PYTHONPATH=. TQDM_DISABLE=1 python3 benchmarks/gpu_inference.py --group 0

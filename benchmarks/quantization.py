@@ -26,8 +26,8 @@ import torch
 from zoo.backends import make_runner
 from zoo.datasets import dataset_names
 from zoo.export import export_model
-from zoo.pretrained import ZooModel, load
 from zoo.tools.readme import write_result
+from zoo.zoo_model import ZooModel, load
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_REL_CHANGE = 0.01

@@ -45,12 +45,12 @@ import requests
 from tqdm.auto import tqdm
 
 from zoo.data import DataError, corpus_files
-from zoo.pretrained import ZooModel
 from zoo.tools import ports
 from zoo.tools.readme import write_result
 from zoo.tools.serve.config import ArchiveOptions, ServerConfig, parse_model_spec, resolve_checkpoint
 from zoo.tools.serve.keys import read_keys
 from zoo.tools.serve.lifecycle import start_server, stop_server
+from zoo.zoo_model import ZooModel
 
 FALLBACK_SENTENCES = ["the company said it expects to report a loss for the third quarter",
                       "stocks rose in early trading as investors bought shares of technology companies",

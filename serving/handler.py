@@ -48,7 +48,7 @@ try:
     from zoo.api.service import GenerateRequest, Limits, ScoreRequest, Service
     from zoo.errors import ServerBusy, ZooError
     from zoo.generation import SamplingParams
-    from zoo.pretrained import ZooModel
+    from zoo.zoo_model import ZooModel
 except ImportError as e:  # the worker's Python must be the project's environment (zoo serve sets it)
     raise ImportError(f"the TorchServe worker cannot import the zoo library ({e}); start the server with "
                       f"`zoo serve start`, which runs the workers with the project's Python") from None

@@ -120,7 +120,7 @@ MODULE_TIERS: dict[str, str] = {
         "test_layers", "test_limits", "test_lint", "test_markers", "test_model_cache", "test_models_common",
         "test_pnorm_gru", "test_precision", "test_readme", "test_routes", "test_scheduler", "test_scoring",
         "test_sentences", "test_service", "test_tiers", "test_tokenizer", "test_tokenizer_json",
-        "test_toy_architecture"], "unit"),
+        "test_toy_architecture", "test_toy_export_format"], "unit"),
     # (test_export, test_ferry: in-process, but their ONNX exports and training runs take minutes)
     **dict.fromkeys([
         "test_app", "test_campaign", "test_docs", "test_export", "test_ferry", "test_lm_eval",

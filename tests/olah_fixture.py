@@ -189,7 +189,7 @@ allow = true
 
 def bundle_into(pkg: Path, run_dir: Path, name: str, **kwargs) -> dict:
     """Bundle a run into a temporary package (``pkg/catalog.json``, ``pkg/pretrained``, ``pkg/cards``)."""
-    from zoo.tools.bundle import bundle
+    from zoo.tools.release.bundle import bundle
 
     return bundle(run_dir, name, catalog_file=pkg / "catalog.json", pretrained_dir=pkg / "pretrained",
                   cards_dir=pkg / "cards", recipe_path=recipe_file(run_dir), **kwargs)

@@ -32,12 +32,13 @@ import zoo  # noqa: E402
 from tests.conftest import REPO, TINY_ARCHS, WORDS, tiny_lm, tiny_tokenizer  # noqa: E402
 from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
-from zoo.pretrained import ZooModel  # noqa: E402
-from zoo.tools import demo_handlers, demo_ui  # noqa: E402
-from zoo.tools.demo_registry import ModelRegistry, dynamic_stats_of  # noqa: E402
-from zoo.tools.demo_render import DIFFERENCE_SCALE_BITS, SURPRISAL_SCALE_BITS  # noqa: E402
-from zoo.tools.demo_stats import DynamicStats  # noqa: E402
+from zoo.tools.demo import handlers as demo_handlers  # noqa: E402
+from zoo.tools.demo import ui as demo_ui  # noqa: E402
+from zoo.tools.demo.registry import ModelRegistry, dynamic_stats_of  # noqa: E402
+from zoo.tools.demo.render import DIFFERENCE_SCALE_BITS, SURPRISAL_SCALE_BITS  # noqa: E402
+from zoo.tools.demo.stats import DynamicStats  # noqa: E402
 from zoo.tools.ports import free_port  # noqa: E402
+from zoo.zoo_model import ZooModel  # noqa: E402
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
@@ -520,7 +521,7 @@ def test_a_model_with_non_finite_weights_is_a_readable_error(tmp_path):
 def test_rendered_curves_live_in_a_private_folder_of_this_process(model_root):
     """The demo serves the curves folder as files: a fixed shared path (/tmp/zoo-demo-curves) could have been
     planted by another user as a symlink to /, so it is this process's own mkdtemp folder (mode 0700)."""
-    from zoo.tools.demo_render import curves_dir, render_curve
+    from zoo.tools.demo.render import curves_dir, render_curve
 
     folder = curves_dir()
     assert folder == curves_dir() and folder.name.startswith("zoo-demo-curves-") and not folder.is_symlink()

@@ -128,7 +128,7 @@ def _image_loaded(locator) -> bool:
 
 
 def _char_and_word_models(registry) -> tuple[str, str | None]:
-    from zoo.pretrained import ZooModel  # noqa: F401  (the registry loads them)
+    from zoo.zoo_model import ZooModel  # noqa: F401  (the registry loads them)
 
     chars = [n for n in registry.names() if registry.get(n).tokenizer.is_char]
     return registry.default, (chars[0] if chars else None)

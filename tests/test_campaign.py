@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import real_data
 from tests.test_train import kill_data, write_recipe  # noqa: F401 (kill_data is a fixture: a small corpus)
-from zoo.tools import ferry, runpack
+from zoo.tools.gpu import ferry, runpack
 from zoo.training import Recipe, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ def test_committed_pack_restores_on_a_fresh_clone_and_the_run_continues(tmp_path
 
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", "--no-local", str(repo), str(clone)], check=True)
-    where = runpack.carry_out(clone, ["tiny-alstm", "never-started"], tmp_path / "devrun")  # gpu_trip.sh out
+    where = runpack.carry_out(clone, ["tiny-alstm", "never-started"], tmp_path / "devrun")  # trip.sh out
     assert where["never-started"].endswith("starts from epoch 1") and "committed pack" in where["tiny-alstm"]
     restored = runpack.restore(clone, "tiny-alstm", clone / "runs" / "tiny-alstm")
     assert restored is not None and restored["step"] == second["step"]
@@ -117,7 +117,7 @@ def test_piece_trains_two_recipes_at_once_stops_them_before_the_budget_and_both_
     come back into --out beside piece.json, and each resumes at the step it was packed at."""
     recipes = [write_recipe(tmp_path / f"{arch}.toml", arch=arch, epochs=500) for arch in ("alstm", "lstm")]
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "zoo.tools.gpu_piece", "train", *map(str, recipes), "--device", "cpu",
+    cmd = [sys.executable, "-m", "zoo.tools.gpu.piece", "train", *map(str, recipes), "--device", "cpu",
            "--budget-s", "75", "--stop-margin-s", "15", "--runs-root", str(tmp_path / "runs"),
            "--ferry", str(tmp_path / "none"), "--repo", str(tmp_path), "--data-dir", str(kill_data),
            "--out", str(out)]
@@ -140,7 +140,7 @@ def test_piece_trains_two_recipes_at_once_stops_them_before_the_budget_and_both_
         assert 0 < t.train_step(x, y, seq_len) < 20  # it trains on from there
     assert len(list(out.rglob("*"))) - 2 <= 8  # the return's file limit (two folders are not files)
 
-    left = subprocess.run([sys.executable, "-m", "zoo.tools.gpu_piece", "collect", "tiny-lstm", "--runs-root",
+    left = subprocess.run([sys.executable, "-m", "zoo.tools.gpu.piece", "collect", "tiny-lstm", "--runs-root",
                            str(tmp_path / "runs"), "--out", str(tmp_path / "out2")], capture_output=True, text=True,
                           env=_env(), timeout=60)
     assert left.returncode == 0 and (tmp_path / "out2" / "tiny-lstm" / ferry.MANIFEST).is_file(), left.stderr
@@ -152,7 +152,7 @@ def test_the_deliver_step_keeps_what_does_not_fit_for_a_later_call(tmp_path):
         (packs / name).mkdir(parents=True)
         (packs / name / ferry.MANIFEST).write_text("{}")
         (packs / name / "ferry.part00").write_bytes(b"\0" * (size * ferry.MiB))
-    from zoo.tools.gpu_piece import deliver
+    from zoo.tools.gpu.piece import deliver
     where = deliver(["a", "b", "c"], packs, tmp_path / "out")
     assert where["a"] == str(tmp_path / "out" / "a") and "collect it" in where["b"] and where["c"] == "no pack"
 
@@ -211,7 +211,7 @@ def test_a_checkpoint_written_before_any_log_line_carries(tmp_path, kill_data): 
 
 
 def test_a_piece_starts_from_the_later_of_the_carried_pack_and_the_machines_run_dir(tmp_path, kill_data):  # noqa: F811
-    from zoo.tools.gpu_piece import stage
+    from zoo.tools.gpu.piece import stage
 
     path = write_recipe(tmp_path / "r.toml")
     t = Trainer(Recipe.load(path), tmp_path / "a", data_dir=str(kill_data), progress=False)

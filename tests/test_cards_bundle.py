@@ -22,8 +22,8 @@ from zoo.catalog import CATALOG_FILE
 from zoo.cli import main
 from zoo.datasets import DATASETS
 from zoo.files import sha256_file
-from zoo.tools import cards
-from zoo.tools.bundle import BundleError, bundle, catalog_problems
+from zoo.tools.release import cards
+from zoo.tools.release.bundle import BundleError, bundle, catalog_problems
 
 
 def tiny_png(path: Path) -> Path:
@@ -216,7 +216,7 @@ def test_bundled_dir_loads_and_scores(bundled):
 
 
 def test_readme_table_from_catalogue(bundled, capsys, monkeypatch):
-    from zoo.tools.cards import short_device
+    from zoo.tools.release.cards import short_device
 
     monkeypatch.setenv("ZOO_CATALOG", bundled["env"]["ZOO_CATALOG"])
     code, stdout, _ = run_main(capsys, "bundle", "--readme-table")
@@ -266,7 +266,7 @@ def test_a_rebundle_whose_catalogue_write_fails_leaves_the_old_folder_and_entry(
                                                                                   monkeypatch):
     """The folder and its catalogue entry (whose hashes loading checks) change together: if the entry cannot be
     written, the swapped-in folder goes and the old one comes back, so the zoo still loads as it did."""
-    import zoo.tools.bundle as bundle_mod
+    import zoo.tools.release.bundle as bundle_mod
 
     pkg = tmp_path / "pkg"
     bundle_into(pkg, tiny_run_dir, "m")
@@ -290,7 +290,7 @@ def test_a_rebundle_whose_catalogue_write_fails_leaves_the_old_folder_and_entry(
 def test_the_bundled_zoo_stays_under_its_cap():
     """The issue's limit on what a clone carries: the package's bundled models, counted on disk (every file,
     cards and figures too), are under 200 MB, and the catalogue's file sizes add up to the same bytes."""
-    from zoo.tools.bundle import MAX_BUNDLE_BYTES, bundled_bytes
+    from zoo.tools.release.bundle import MAX_BUNDLE_BYTES, bundled_bytes
 
     pretrained = Path(zoo.__file__).parent / "pretrained"
     total = bundled_bytes(pretrained)
@@ -302,7 +302,7 @@ def test_the_bundled_zoo_stays_under_its_cap():
 def test_a_bundle_over_the_cap_is_refused_and_changes_nothing(tiny_run_dir, tmp_path, monkeypatch):
     """A model that would take the zoo over its cap is refused with a one-line error naming the total and the
     way out (retire one); a rebundle of a model counts its new files instead of its old ones."""
-    import zoo.tools.bundle as bundle_mod
+    import zoo.tools.release.bundle as bundle_mod
 
     pkg = tmp_path / "pkg"
     bundle_into(pkg, tiny_run_dir, "m")
@@ -322,7 +322,7 @@ def test_a_bundle_over_the_cap_is_refused_and_changes_nothing(tiny_run_dir, tmp_
 def test_retire_keeps_the_run_as_a_record_and_refuses_the_default(tiny_run_dir, tmp_path, capsys, monkeypatch):
     """A model a longer tier supersedes leaves the zoo (folder, catalogue entry, card, figure) and its evaluation
     files become a "trained here, not bundled" record; the default model and unknown names are refused."""
-    from zoo.tools.bundle import retire
+    from zoo.tools.release.bundle import retire
 
     pkg = tmp_path / "pkg"
     bundle_into(pkg, tiny_run_dir, "old", figures=[tiny_png(tmp_path / "old-curve.png")])
@@ -354,7 +354,7 @@ def test_refresh_rebuilds_the_card_from_the_bundled_files_and_keeps_weights_and_
     """`zoo bundle --refresh NAME`: a tier report written after bundling reaches the card without the run dir;
     the weights, vocabulary and figure stay byte-identical, the default and the Hub pin stay, the catalogue's
     card hash follows the new card."""
-    from zoo.tools.bundle import refresh
+    from zoo.tools.release.bundle import refresh
 
     pkg = tmp_path / "pkg"
     custom = tmp_path / "custom.toml"  # a reference given with --recipe: kept in the catalogue entry only
@@ -514,7 +514,7 @@ def test_card_usage_example_is_in_the_corpus_vocabulary(dataset):
 def test_reference_comes_from_the_recipe_file_before_the_runs_copy(tmp_path):
     """A corrected published reference in the recipe file reaches the card without retraining; a run whose
     recipe file is gone still has the copy its eval.json recorded."""
-    from zoo.tools.bundle import find_reference
+    from zoo.tools.release.bundle import find_reference
 
     old = {"valid": 1.0, "test": 2.0, "metric": "perplexity", "source": "as recorded when the run started"}
     ev = {"recipe": {"name": "no-such-recipe-anywhere", "reference": old}}
@@ -530,7 +530,7 @@ def test_a_reference_without_numbers_cites_the_setting(bundled, tmp_path):
     """A ``[reference]`` with a source and no number (the p-norm paper's sentence experiment ran on another corpus):
     accepted, no results row, and the card says no published number is comparable; a non-numeric value is an
     error."""
-    from zoo.tools.bundle import find_reference
+    from zoo.tools.release.bundle import find_reference
 
     ev = {"recipe": {"name": "no-such-recipe-anywhere"}}
     recipe = tmp_path / "r.toml"

@@ -97,7 +97,7 @@ def test_score_file_per_line_and_stdin(capsys, tiny_checkpoint, tmp_path):
 
 
 def test_publish_dry_run_defaults_to_the_catalogue_repo(capsys):
-    from zoo.pretrained import catalog
+    from zoo.zoo_model import catalog
 
     name = catalog()["default"]
     code, out, err = run(capsys, "publish", name, "--dry-run")
@@ -106,7 +106,7 @@ def test_publish_dry_run_defaults_to_the_catalogue_repo(capsys):
 
 
 def test_offline_download_says_the_model_is_bundled(capsys, monkeypatch, tmp_path):
-    from zoo.pretrained import catalog
+    from zoo.zoo_model import catalog
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))

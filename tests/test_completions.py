@@ -15,7 +15,7 @@ from zoo.api.completions import MAX_LOGPROBS, CompletionRun, OpenAIDialect, pars
 from zoo.api.http import openai_error_of
 from zoo.api.service import Limits, Service, parse_body
 from zoo.errors import InvalidRequest, ModelNotServed, RequestTooLarge
-from zoo.pretrained import ZooModel
+from zoo.zoo_model import ZooModel
 
 LIMITS = Limits(max_texts=4, max_chars=500, max_total_chars=1000, max_total_tokens=400, max_generate_tokens=100,
                 max_new_tokens=40)

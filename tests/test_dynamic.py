@@ -251,7 +251,7 @@ def test_model_statistics_are_kept_on_disk_for_the_next_process(tiny_checkpoint,
     """Each ``zoo ... --dynamic`` command is a new process: the statistics are read back from the cache (the same
     tensors), other weights never find them, a torn file is remade, and ``cache=False`` neither reads nor writes."""
     import zoo
-    import zoo.pretrained
+    import zoo.zoo_model
 
     monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
     p = DynamicParams(**SMALL)
@@ -265,7 +265,7 @@ def test_model_statistics_are_kept_on_disk_for_the_next_process(tiny_checkpoint,
         calls.append(1)
         return gradient_stats(*args, **kw)
 
-    monkeypatch.setattr(zoo.pretrained, "gradient_stats", counted)
+    monkeypatch.setattr(zoo.zoo_model, "gradient_stats", counted)
     again = zoo.load(str(tiny_checkpoint)).dynamic_stats(p)
     assert not calls and all(torch.equal(a, b) for a, b in zip(first.rms, again.rms, strict=True))
     assert again.num_tokens == first.num_tokens and again.key == first.key
@@ -357,7 +357,7 @@ def test_benchmark_refuses_an_unknown_model_and_a_quick_run_into_the_results():
 
 
 def test_models_table_reads_every_finished_dynamic_result(tmp_path):
-    from zoo.tools.cards import dynamic_results
+    from zoo.tools.release.cards import dynamic_results
 
     def write(name: str, model: str, quick: bool = False, finished: bool = True) -> None:
         res = {"meta": {"model": model, "quick": quick}} | ({"dynamic": {"test": {"ppl": 70.5}}} if finished else {})
@@ -430,7 +430,7 @@ def test_bundled_models_carry_their_measured_settings():
     ``--dynamic`` reproduces the README's "test, dynamic eval" column), and its card says so, in the body and in
     the machine-readable model-index (apart from the static numbers); the others ship none."""
     from zoo.catalog import bundled_dir, catalog
-    from zoo.tools.cards import DYNAMIC_METRIC_CONFIG, card_metrics, dynamic_runs
+    from zoo.tools.release.cards import DYNAMIC_METRIC_CONFIG, card_metrics, dynamic_runs
 
     runs = dynamic_runs(REPO / "benchmarks" / "results")
     assert "alstm-ptb-5m-long-medium" in runs

@@ -16,14 +16,15 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-from zoo.backends import OnnxRunner, TorchScriptRunner
 from zoo.catalog import bundled_dir, catalog
 from zoo.checkpoint import save_checkpoint
 from zoo.cli import main
 from zoo.export import export_model, weights_sha256
 from zoo.export.common import EXAMPLE_BATCH, read_manifest
 from zoo.export.onnx_graphs import OPSET, SEQUENCE_FILE, SEQUENCE_INT8_FILE, STEP_FILE, STEP_INT8_FILE
-from zoo.pretrained import ZooModel
+from zoo.export.onnx_runtime import OnnxRunner
+from zoo.export.torchscript import TorchScriptRunner
+from zoo.zoo_model import ZooModel
 
 from .conftest import tiny_lm, tiny_tokenizer
 

@@ -1,4 +1,4 @@
-"""zoo/tools/ferry.py: a run packed into the device tool's return and unpacked here resumes and trains on."""
+"""zoo/tools/gpu/ferry.py: a run packed into the device tool's return and unpacked here resumes and trains on."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.test_train import kill_data, write_recipe, zoo  # noqa: F401 (kill_data is a fixture: a small corpus)
-from zoo.tools import ferry
-from zoo.tools.cards import epoch_devices, pieces_line
+from zoo.tools.gpu import ferry
+from zoo.tools.release.cards import epoch_devices, pieces_line
 from zoo.training import Recipe, Trainer
 
 
@@ -184,7 +184,7 @@ def test_a_piece_paused_at_an_epoch_end_carries_and_one_stopped_mid_epoch_carrie
     assert pieces_line(log) == (
         "- Trained in pieces: 2 (paused 1 time at an epoch end); carried between machines 1 time (from "
         f"{manifest['from']}), each trip rounding the weights to float16 once and Adam's second moment to an 8-bit "
-        "code (`zoo/tools/ferry.py`); best/ chosen again from epoch 2 on (its earlier weights did not travel)")
+        "code (`zoo/tools/gpu/ferry.py`); best/ chosen again from epoch 2 on (its earlier weights did not travel)")
     assert pieces_line([r for r in log if r.get("event") not in ("paused", "ferried")]) is None
 
 

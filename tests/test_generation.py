@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import tiny_lm, tiny_tokenizer
 from zoo.generation import SamplingParams, filter_logits
-from zoo.pretrained import ZooModel
+from zoo.zoo_model import ZooModel
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ from tests.olah_fixture import (
     zoo_cli,
 )
 from zoo import hub
-from zoo.tools import cards, publish
 from zoo.tools.ports import free_port
+from zoo.tools.release import cards, publish
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
@@ -263,9 +263,9 @@ def test_offline_with_empty_cache_and_no_bundled_copy_says_how_to_get_it(env, ca
 def test_resolution_order(env, pkg, monkeypatch):
     local = pkg / "pretrained" / "tiny-zoo"
     assert hub.resolve(local) == (local, "local path")
-    with pytest.raises(zoo.pretrained.ModelNotFoundError, match="not a checkpoint directory"):
+    with pytest.raises(zoo.zoo_model.ModelNotFoundError, match="not a checkpoint directory"):
         hub.resolve(pkg / "nothing-here")
-    with pytest.raises(zoo.pretrained.ModelNotFoundError, match="unknown model 'nope'"):
+    with pytest.raises(zoo.zoo_model.ModelNotFoundError, match="unknown model 'nope'"):
         hub.resolve("nope")
     monkeypatch.setenv("ZOO_PRETRAINED_DIR", str(pkg / "pretrained"))
     # no Hub opt-in: the bundled copy, and no connection attempt (the endpoint is not even set)
@@ -283,9 +283,9 @@ def test_resolution_order(env, pkg, monkeypatch):
     (pkg / "tiny-zoo").mkdir()
     (pkg / "nope").mkdir()
     assert hub.resolve("tiny-zoo", source="bundled") == (local, "bundled")
-    with pytest.raises(zoo.pretrained.ModelNotFoundError, match="not a checkpoint directory"):
+    with pytest.raises(zoo.zoo_model.ModelNotFoundError, match="not a checkpoint directory"):
         hub.resolve("./tiny-zoo")
-    with pytest.raises(zoo.pretrained.ModelNotFoundError, match="nope: not a checkpoint directory"):
+    with pytest.raises(zoo.zoo_model.ModelNotFoundError, match="nope: not a checkpoint directory"):
         hub.resolve("nope")
     with pytest.raises(ValueError, match="source must be one of"):
         hub.resolve("tiny-zoo", source="ftp")

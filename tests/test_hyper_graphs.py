@@ -1,4 +1,4 @@
-"""The HyperLSTM's CUDA-graph training step (zoo/captured_step.py) against its eager step.
+"""The HyperLSTM's CUDA-graph training step (zoo/training/captured_step.py) against its eager step.
 
 The captured step is :meth:`zoo.training.Trainer.update` itself, replayed from a graph per BPTT length; nothing in it
 is architecture-specific, so the HyperLSTM needs no step of its own, only a forward and backward without host

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +139,28 @@ def test_the_cli_sits_at_the_top_of_the_library():
     assert "zoo.cli" in graph["zoo.cli.__main__"] and graph["zoo.cli"] >= commands
 
 
+def _defining_module(parser) -> str:
+    """The module of the function a sub-parser runs (for a command with sub-commands, its first one's)."""
+    while parser.get_default("func") is None and parser._subparsers is not None:
+        parser = next(iter(parser._subparsers._group_actions[0].choices.values()))
+    return parser.get_default("func").__module__
+
+
+def test_every_command_is_listed_with_the_module_that_defines_it():
+    """``zoo.cli.COMMANDS`` and ``CHECKOUT_COMMANDS`` are the one listing of where each command lives (as
+    huggingface_hub's ``hf.py``): every sub-command of ``zoo`` is in it, and its module is the one whose function
+    runs it."""
+    from zoo import cli
+
+    parser = cli.build_parser()
+    for add in cli._plugin_commands():
+        add(parser.subparsers)
+    listed = {**{n: m.__name__ for n, m in cli.COMMANDS.items()}, **cli.CHECKOUT_COMMANDS}
+    assert {n: _defining_module(sp) for n, sp in parser.subparsers.choices.items()} == listed
+    assert list(parser.subparsers.choices)[:len(cli.COMMANDS)] == list(cli.COMMANDS)
+    assert all(m.startswith("zoo.cli.") for m in map(lambda m: m.__name__, cli.COMMANDS.values()))
+
+
 def test_library_holds_no_repository_relative_path():
     """Outside zoo.tools, nothing resolves a path above the package (the repository's folders)."""
     offenders = []
@@ -197,32 +220,75 @@ def test_checkout_commands_come_from_the_entry_point():
     assert res.returncode == 0 and all(c in res.stdout for c in ("serve", "bundle", "publish", "download"))
 
 
-#: The library's layers, bottom up, following the data (text -> tokens -> model -> scoring/generation -> backends ->
-#: servers): a module imports only from its own layer or below. A module is placed by the longest prefix that
-#: names it; a new module must fall under one (the test says which is missing). The checkout tooling (zoo.tools)
-#: sits above all of them.
+#: The library's floors, bottom up, following the data (text -> tokens -> model -> scoring/generation -> backends ->
+#: servers), one per floor the code really has: a module imports only from floors below its own, never from a
+#: sibling on its floor (a module, or a package, placed beside it); inside a package the order is
+#: :data:`PACKAGE_FLOORS`'. A module is placed by the longest prefix that names it; a new module must fall under
+#: one (the test says which is missing). The checkout tooling (zoo.tools) sits above all of them.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("zoo.errors", "zoo.files", "zoo.formatting", "zoo.version", "zoo.validate", "zoo.device",
-                    "zoo.precision", "zoo.captured_step", "zoo.captured_inference")),
-    ("text", ("zoo.datasets", "zoo.data")),
+    ("foundation", ("zoo.errors", "zoo.files", "zoo.formatting", "zoo.version")),
+    ("runtime: device, precision, argument checks, CUDA graphs of inference",
+     ("zoo.device", "zoo.precision", "zoo.validate", "zoo.captured_inference")),
+    ("text: the datasets' registry", ("zoo.datasets",)),
+    ("text: corpora", ("zoo.data",)),
     ("tokens", ("zoo.tokenizer",)),
-    ("model", ("zoo.registry", "zoo.models", "zoo.lm", "zoo.checkpoint")),
-    ("scoring and generation", ("zoo.scoring", "zoo.dynamic", "zoo.generation", "zoo.adaptation")),
-    ("backends, loading and training", ("zoo.export", "zoo.backends", "zoo.catalog", "zoo.hub", "zoo.pretrained",
-                                        "zoo.model_cache", "zoo.hf", "zoo.training", "zoo")),
-    ("services: the wire and the harness", ("zoo.api", "zoo.lm_eval_plugin", "zoo.lm_eval_tasks")),
+    ("model: architectures", ("zoo.models",)),
+    ("model: the architecture registry", ("zoo.registry",)),
+    ("model: the language model", ("zoo.lm",)),
+    ("model: checkpoints", ("zoo.checkpoint",)),
+    ("dynamic evaluation", ("zoo.dynamic",)),
+    ("scoring", ("zoo.scoring", "zoo.adaptation")),
+    ("generation", ("zoo.generation",)),
+    ("training", ("zoo.training",)),
+    ("exports", ("zoo.export",)),
+    ("backends", ("zoo.backends",)),
+    ("the catalogue", ("zoo.catalog",)),
+    ("the Hub", ("zoo.hub",)),
+    ("ready-to-use models", ("zoo.zoo_model",)),
+    ("the package and its adapters", ("zoo", "zoo.model_cache", "zoo.hf")),
+    ("the wire", ("zoo.api",)),
+    ("the harness: the model", ("zoo.lm_eval_plugin",)),
+    ("the harness: its tasks", ("zoo.lm_eval_tasks",)),
     ("command line", ("zoo.cli",)),
 ]
 
+#: The floors inside the packages, lowest first (``""``: the package's ``__init__``, its face, on top): a module
+#: imports only modules of its package on lower floors. Every module of each package must be placed. (``zoo.cli``
+#: and ``zoo.tools.serve`` have their own tests above.)
+PACKAGE_FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "zoo.models": (("_gemm", "_fused", "_compiled", "_pnorm_gates"),            # kernels and the C++ loops' build
+                   ("base", "adaptive_linear"),                                  # the protocol, the adaptive layer
+                   ("_alstm_plan", "_fused_loss", "_gru_fast", "_hyper_fast"),   # fast paths
+                   ("_alstm_infer", "_alstm_train"), ("_alstm_fast",),
+                   ("lstm", "alstm", "hyperlstm", "pnorm_gru"),                  # the architectures
+                   ("",)),
+    "zoo.training": (("recipe", "callbacks", "captured_step", "distributed", "divergence", "evaluation", "loggers",
+                      "signals"),
+                     ("batches", "checkpoint_saver", "objective", "optimizers", "release"),
+                     ("trainer",), ("",)),
+    "zoo.export": (("common", "formats"), ("onnx_graphs", "torchscript", "verify"), ("onnx_runtime",), ("",)),
+    "zoo.hf": (("configuration",), ("modeling",), ("tokenization",), ("",)),
+    "zoo.api": (("http",), ("service",), ("native", "completions", "dialects"), ("scheduler",), ("",)),
+    "zoo.tools.demo": (("guard", "render", "stats"), ("registry",), ("handlers",), ("ui",), ("launch",), ("",)),
+    "zoo.tools.gpu": (("ferry",), ("runpack",), ("piece",), ("",)),
+    "zoo.tools.release": (("cards",), ("bundle",), ("publish",), ("",)),
+}
 
-def layer_of(module: str) -> int | None:
-    best: tuple[int, int] | None = None
+
+def placement(module: str) -> tuple[int, str] | None:
+    """``(floor, prefix)`` of a library module: the floor of the longest prefix that names it, and that prefix."""
+    best: tuple[int, str] | None = None
     for level, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
             under = module == p or (p != "zoo" and module.startswith(p + "."))   # "zoo": the package's own __init__
-            if under and (best is None or len(p) > best[1]):
-                best = (level, len(p))
-    return best[0] if best else None
+            if under and (best is None or len(p) > len(best[1])):
+                best = (level, p)
+    return best
+
+
+def layer_of(module: str) -> int | None:
+    found = placement(module)
+    return found[0] if found else None
 
 
 def test_every_library_module_has_a_layer():
@@ -231,22 +297,103 @@ def test_every_library_module_has_a_layer():
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    """``a (layer) imports b (layer)`` for each import of a library module from a higher layer."""
-    return [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
-            for m, targets in sorted(graph.items()) if not m.startswith("zoo.tools")
-            for t in sorted(targets) if not t.startswith("zoo.tools") and layer_of(t) > layer_of(m)]
+    """``a (floor) imports b (floor)`` for each import of a library module from a higher floor, or from a sibling
+    on its own floor (another module or package placed on it)."""
+    out = []
+    for m, targets in sorted(graph.items()):
+        if m.startswith("zoo.tools"):
+            continue
+        (lm, pm) = placement(m)
+        for t in sorted(targets):
+            if t.startswith("zoo.tools"):
+                continue
+            (lt, pt) = placement(t)
+            if lt > lm or (lt == lm and pt != pm):
+                out.append(f"{m} ({LAYERS[lm][0]}) imports {t} ({LAYERS[lt][0]})")
+    return out
 
 
 def test_the_layer_checker_refuses_an_upward_import():
     assert layer_of("zoo.scoring") < layer_of("zoo.api.service") < layer_of("zoo.cli.score")
-    assert layer_of("zoo.models.alstm") == layer_of("zoo.lm")
+    assert layer_of("zoo.models.alstm") < layer_of("zoo.registry") < layer_of("zoo.lm")
     assert upward_imports({"zoo.scoring": {"zoo.api.service"}, "zoo.api.service": {"zoo.scoring"}}) == [
-        "zoo.scoring (scoring and generation) imports zoo.api.service (services: the wire and the harness)"]
+        "zoo.scoring (scoring) imports zoo.api.service (the wire)"]
+    assert upward_imports({"zoo.scoring": {"zoo.adaptation"}, "zoo.adaptation": set()}) == [
+        "zoo.scoring (scoring) imports zoo.adaptation (scoring)"]           # a sibling on its floor
+    assert upward_imports({"zoo.training.trainer": {"zoo.training.recipe"}, "zoo.training.recipe": set()}) == []
 
 
 def test_the_library_imports_only_downward():
     upward = upward_imports(import_graph())
     assert not upward, "\n".join(upward)
+
+
+def package_problems(graph: dict[str, set[str]], pkg: str, floors: tuple[tuple[str, ...], ...]) -> list[str]:
+    """What breaks :data:`PACKAGE_FLOORS` in ``pkg``: a module of it without a floor (or a floor naming no module),
+    and an import of a module of the package on the same or a higher floor."""
+    floor = {(f"{pkg}.{m}" if m else pkg): i for i, mods in enumerate(floors) for m in mods}
+    members = {m for m in graph if m == pkg or m.rpartition(".")[0] == pkg}
+    problems = [f"{m}: no floor in PACKAGE_FLOORS[{pkg!r}]" for m in sorted(members - set(floor))]
+    problems += [f"{m}: placed in PACKAGE_FLOORS[{pkg!r}], but no such module" for m in sorted(set(floor) - members)]
+    for m in sorted(members & set(floor)):
+        problems += [f"{m} imports {t} (not below it in {pkg})" for t in sorted(graph[m])
+                     if t in floor and floor[t] >= floor[m]]
+    return problems
+
+
+def test_the_package_checker_refuses_an_unplaced_module_and_a_sideways_import():
+    graph = {"zoo.x": set(), "zoo.x.a": set(), "zoo.x.b": {"zoo.x.a"}, "zoo.x.c": {"zoo.x.b"}}
+    assert package_problems(graph, "zoo.x", (("a",), ("b", "c"), ("",))) == [
+        "zoo.x.c imports zoo.x.b (not below it in zoo.x)"]
+    assert package_problems(graph, "zoo.x", (("a",), ("b",), ("",))) == ["zoo.x.c: no floor in PACKAGE_FLOORS['zoo.x']"]
+
+
+@pytest.mark.parametrize("pkg", sorted(PACKAGE_FLOORS))
+def test_each_package_is_ordered_inside(pkg):
+    problems = package_problems(import_graph(), pkg, PACKAGE_FLOORS[pkg])
+    assert not problems, "\n".join(problems)
+
+
+#: The page that names every module (docs/develop/layout.md), kept current by the next tests.
+LAYOUT_DOC = REPO / "docs" / "develop" / "layout.md"
+
+
+def layout_problems(text: str, files: set[str]) -> list[str]:
+    """What layout.md gets wrong about ``files`` (the modules and scripts under ``zoo/``, paths from the repository
+    root): one it does not name, and a name of it that is no file. A table row names a file by its path, or by its
+    file name when the row's first cell names the folder it is in (``| `zoo/api/` | ... `http.py` ... |``) or it is
+    at the root; a package's ``__init__.py`` is named by its folder in a first cell."""
+    named: set[str] = set()
+    problems = []
+    for row in (line for line in text.splitlines() if line.startswith("| `")):
+        folders = [f for f in re.findall(r"`([^`]+)`", row.split("|")[1]) if f.endswith("/")]
+        named.update(f + "__init__.py" for f in folders)
+        for token in re.findall(r"`([^`\s]+\.(?:py|sh))`", row):
+            candidates = [token] if "/" in token else [f + token for f in folders] + [token]  # (or at the root)
+            hits = [c for c in candidates if c in files or (REPO / c).is_file()]
+            named.update(hits)
+            if not hits:
+                problems.append(f"layout.md names {token}, which is no file (looked for {', '.join(candidates)})")
+    problems += [f"{f}: not named in layout.md" for f in sorted(files - named)]
+    return problems
+
+
+def zoo_files() -> set[str]:
+    return {str(p.relative_to(REPO)) for p in PACKAGE.rglob("*") if p.suffix in (".py", ".sh")
+            and "__pycache__" not in p.parts}
+
+
+def test_the_layout_checker_finds_an_unnamed_module_and_a_stale_name():
+    files = {"zoo/a/__init__.py", "zoo/a/b.py", "zoo/c.py"}
+    assert layout_problems("| `zoo/a/`, `zoo/c.py` | `b.py` |", files) == []
+    assert layout_problems("| `zoo/a/` | `b.py`, `gone.py` |", files) == [
+        "layout.md names gone.py, which is no file (looked for zoo/a/gone.py, gone.py)",
+        "zoo/c.py: not named in layout.md"]
+
+
+def test_layout_md_names_every_module_and_only_modules_that_exist():
+    problems = layout_problems(LAYOUT_DOC.read_text(encoding="utf-8"), zoo_files())
+    assert not problems, "\n".join(problems)
 
 
 def test_a_plain_install_names_where_the_checkout_commands_are(capsys, monkeypatch):

@@ -198,7 +198,7 @@ def test_harness_device_falls_back_only_for_the_harness_default(monkeypatch, cap
 def test_whole_test_split_equals_zoo_eval():
     """The issue's acceptance check, opt-in for time: zoo_ptb_test's word perplexity equals `zoo eval`'s batch-1
     test perplexity (the catalogue's number) to 1e-4 (measured: 1.7e-5, the one extra scored token)."""
-    cat = zoo.pretrained.catalog()["models"][MODEL]
+    cat = zoo.zoo_model.catalog()["models"][MODEL]
     res = _harness(["--model", "zoo", "--model_args", f"pretrained={MODEL}", "--tasks", "zoo_ptb_test"],
                    Path(os.environ.get("TMPDIR", "/tmp")) / "zoo-lmeval-full")
     assert res["zoo_ptb_test"]["word_perplexity,none"] == pytest.approx(cat["metrics"]["test"], rel=1e-4)
@@ -327,7 +327,7 @@ def test_task_files_are_indexed_and_read_the_local_data():
 
 def test_zoo_imports_without_lm_eval():
     """lm_eval is an optional extra: the package imports without it, and the plugin says what to install."""
-    code = ("import sys; sys.modules['lm_eval'] = None\nimport zoo, zoo.pretrained\n"
+    code = ("import sys; sys.modules['lm_eval'] = None\nimport zoo, zoo.zoo_model\n"
             "try:\n    import zoo.lm_eval_plugin\nexcept ImportError as e:\n    print(e)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=_env(),
                           timeout=120)
@@ -408,7 +408,7 @@ def test_agreement_benchmark_is_consistent_and_current():
 
     path = REPO / "benchmarks" / "results" / "lm_eval_agreement.json"
     res = json.loads(path.read_text())
-    entry = zoo.pretrained.catalog()["models"][res["model"]]
+    entry = zoo.zoo_model.catalog()["models"][res["model"]]
     assert res["card_test"] == entry["metrics"]["test"], "re-run benchmarks/lm_eval_agreement.py: the model changed"
     z, w = res["zoo_eval"], res["whole"]
     assert z["ppl"] == pytest.approx(entry["metrics"]["test"], rel=1e-6)

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import tiny_lm, tiny_tokenizer
 from zoo.checkpoint import save_checkpoint
 from zoo.model_cache import ModelCache
-from zoo.pretrained import ZooModel
+from zoo.zoo_model import ZooModel
 
 
 def test_default_loader_reads_the_checkpoint_once_per_source_and_device(tmp_path):

@@ -18,10 +18,10 @@ import pytest
 import requests
 
 from tests.conftest import REPO, real_data
-from zoo.pretrained import ZooModel, resolve_local
 from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports
 from zoo.tools.serve.launch import java_version
 from zoo.tools.serve.lifecycle import stop_server
+from zoo.zoo_model import ZooModel, resolve_local
 
 openai = pytest.importorskip("openai")
 

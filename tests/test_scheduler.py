@@ -17,7 +17,7 @@ from zoo.api.native import NativeDialect
 from zoo.api.scheduler import Scheduler
 from zoo.api.service import Limits, Service, parse_request
 from zoo.errors import RequestTooLarge, ServerBusy
-from zoo.pretrained import ZooModel
+from zoo.zoo_model import ZooModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LIMITS = Limits(max_total_tokens=2_000, max_generate_tokens=60, max_new_tokens=40)

@@ -9,7 +9,7 @@ import torch
 
 import zoo.scoring as scoring
 from tests.conftest import tiny_lm, tiny_tokenizer
-from zoo.pretrained import ZooModel
+from zoo.zoo_model import ZooModel
 
 TEXTS = ["The cat sat on the mat.", "a dog ran\nthe cat sat", "Mr. Smith's dog didn't run $ 5", "zebra"]
 
@@ -138,8 +138,8 @@ def test_load_refuses_what_is_not_a_name_or_path():
 
 def test_warnings_flag_text_the_model_does_not_know(tiny_checkpoint):
     """A score result carries a warnings list; a text that is mostly <unk> says its perplexity means little."""
-    from zoo.pretrained import ZooModel
     from zoo.scoring import UNK_SHARE_WARNING
+    from zoo.zoo_model import ZooModel
 
     model = ZooModel.from_pretrained(tiny_checkpoint)
     report = model.score(["the cat sat on the mat", "die katze sitzt auf der matte", "the cat"])

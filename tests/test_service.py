@@ -23,7 +23,7 @@ from zoo.api.service import (
 )
 from zoo.errors import InvalidRequest, ModelNotServed, RequestTooLarge, ServerBusy, ZooError
 from zoo.generation import SamplingParams
-from zoo.pretrained import ZooModel
+from zoo.zoo_model import ZooModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LIMITS = Limits(max_texts=4, max_chars=200, max_total_chars=500, max_prompt_chars=100, max_new_tokens=20)
@@ -375,8 +375,8 @@ def _tiny_corpus_model(root):
 
     from zoo.data import load_corpus
     from zoo.lm import LanguageModel
-    from zoo.pretrained import ZooModel
     from zoo.tokenizer import Tokenizer
+    from zoo.zoo_model import ZooModel
 
     words = "the cat sat on a mat dog ran far and N".split()
     rng = random.Random(0)

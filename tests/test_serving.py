@@ -29,12 +29,12 @@ from zoo.api.service import Limits, parse_body
 from zoo.checkpoint import save_checkpoint
 from zoo.cli import main as cli_main
 from zoo.errors import InvalidRequest
-from zoo.pretrained import ModelNotFoundError, ZooModel, resolve_local
 from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports
 from zoo.tools.serve.archive import build_archive
 from zoo.tools.serve.config import ArchiveOptions, ServeError, ServerConfig
 from zoo.tools.serve.launch import java_version
 from zoo.tools.serve.lifecycle import stop_server
+from zoo.zoo_model import ModelNotFoundError, ZooModel, resolve_local
 
 pytestmark = [
     pytest.mark.server,

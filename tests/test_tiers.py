@@ -113,7 +113,7 @@ def test_test_target_claim_has_no_baseline(runs):
     assert pending["met"] is None  # g2 unfinished
     md = tiers.markdown(rep)
     assert "| target 86 | met |" in md and "| target 99 | **not met** |" in md
-    from zoo.tools.cards import comparison_section
+    from zoo.tools.release.cards import comparison_section
 
     section = comparison_section(rep, "a")
     assert "| target 86 | met |" in section and "target 99" not in section
@@ -182,8 +182,8 @@ def test_bundled_tiers_are_fair_before_any_compute_is_spent():
 
 
 def test_card_section_and_bundle_lookup(runs, tmp_path):
-    from zoo.tools.bundle import tier_reports
-    from zoo.tools.cards import comparison_section
+    from zoo.tools.release.bundle import tier_reports
+    from zoo.tools.release.cards import comparison_section
 
     cards = tmp_path / "cards"
     tiers.write(tiers.compare("t", runs, TIERS), cards / "tiers", cards)
@@ -263,7 +263,7 @@ def test_an_unbundled_sweep_point_counts_from_its_record(runs, tmp_path):
                                            ("CPU (16 cores, 4 threads)", "CPU, 4 threads"),
                                            ("NVIDIA H100 80GB HBM3", "H100 GPU"), ("", "")])
 def test_short_device(device, short):
-    from zoo.tools.cards import short_device
+    from zoo.tools.release.cards import short_device
 
     assert short_device(device) == short
 

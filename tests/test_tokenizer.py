@@ -145,7 +145,7 @@ def test_no_input_character_is_lost(normalization, ptb, wiki, char):
 
 
 def test_every_bundled_models_tokenizer_accounts_for_every_character():
-    from zoo.pretrained import ZooModel, bundled_dir, catalog
+    from zoo.zoo_model import ZooModel, bundled_dir, catalog
 
     dirs = [bundled_dir() / n for n in catalog()["models"] if (bundled_dir() / n / "config.json").is_file()]
     assert dirs

@@ -114,7 +114,7 @@ def test_exports_match_eager(toy, tmp_path):
 
 
 def test_card_names_the_architecture_and_cites_its_paper(toy):
-    from zoo.tools import cards
+    from zoo.tools.release import cards
 
     ev = json.loads((toy["run"] / "eval.json").read_text())
     config = json.loads((toy["release"] / "config.json").read_text())

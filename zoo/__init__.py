@@ -9,7 +9,7 @@
 
 from zoo.catalog import list_models
 from zoo.lm import LanguageModel
-from zoo.pretrained import ZooModel, load
 from zoo.version import __version__
+from zoo.zoo_model import ZooModel, load
 
 __all__ = ["LanguageModel", "ZooModel", "__version__", "list_models", "load"]

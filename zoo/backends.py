@@ -14,13 +14,14 @@ stale export is never silently paired with other weights.
 
 Backends are a registry (:data:`BACKENDS`, one :class:`BackendSpec` each: its export format, the files of the
 export it needs, how to export and how to build its runner, what it must import, whether TorchServe can run
-it). The CLI's choices, the server, the benchmarks and the tests read it; adding a backend is one
-:func:`register_backend` call with a runner class (and an exporter if it needs a new format).
-Registered: ``eager``, ``torchscript``, ``onnx`` and ``onnx-int8`` (the dynamically quantised graphs).
+it). The CLI's choices, the server, the benchmarks and the tests read it. Every backend but ``eager`` comes from
+an export format's entry (:mod:`zoo.export.formats`, where a new format and its backends are registered):
+``onnx`` and ``onnx-int8`` (the dynamically quantised graphs, :mod:`zoo.export.onnx_runtime`) and ``torchscript``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
@@ -30,157 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import numpy as np
-import torch
-from torch import Tensor
-
-from zoo.errors import BackendError, MissingFileError
+from zoo.errors import BackendError
 from zoo.export.common import cache_root, exports_root, read_manifest, weights_sha256
+from zoo.export.formats import EXPORT_FORMATS, ExportFormat, FormatBackend
 from zoo.files import sha256_file
-
-State = tuple[Tensor, ...]
-
-
-def _onnxruntime():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise BackendError("the onnx backends need onnxruntime: pip install 'alstm-zoo[export]'") from None
-    return onnxruntime
-
-
-def cpu_cores() -> int:
-    """Cores this process may run on (the affinity mask, not the host's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def session_options(threads: int | None = None):
-    """ONNX Runtime settings for this machine: one intra-op thread per core, no inter-op parallelism,
-    and no spin-waiting (spinning threads would steal the few cores from the caller between runs)."""
-    ort = _onnxruntime()
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads or cpu_cores()
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    opts.log_severity_level = 3
-    return opts
-
-
-class OnnxRunner:
-    """Runs the exported sequence graph for ``forward`` and the step graph for ``step`` in ONNX Runtime."""
-
-    backend = "onnx"
-
-    def __init__(self, directory: str | os.PathLike, int8: bool = False, threads: int | None = None) -> None:
-        from zoo.export.onnx_graphs import out_name
-
-        ort = _onnxruntime()
-
-        self.directory = Path(directory)
-        manifest = read_manifest(self.directory)
-        if manifest is None or manifest.get("format") != "onnx":
-            raise MissingFileError(f"{self.directory}: no ONNX export (missing or unreadable export.json)")
-        files = manifest["files"]
-        seq_key, step_key = ("sequence_int8", "step_int8") if int8 else ("sequence", "step")
-        if seq_key not in files or step_key not in files:
-            raise MissingFileError(f"{self.directory}: no {'int8 ' if int8 else ''}graphs in the export")
-        self.manifest = manifest
-        self.int8 = int8
-        self.backend = "onnx-int8" if int8 else "onnx"
-        self.state_names: list[str] = manifest["state_names"]
-        self.state_shapes: list[list[int]] = manifest["state_shapes"]
-        self.vocab_size: int = manifest["vocab_size"]
-        self._outs = ["logits", *map(out_name, self.state_names)]
-        opts = session_options(threads)
-        providers = ["CPUExecutionProvider"]
-        self.sequence = ort.InferenceSession(str(self.directory / files[seq_key]), opts, providers=providers)
-        self.step_session = ort.InferenceSession(str(self.directory / files[step_key]), opts, providers=providers)
-
-    def init_state(self, batch_size: int, device: Any = None) -> State:
-        return tuple(torch.zeros(batch_size, *shape) for shape in self.state_shapes)
-
-    def _feed(self, first: str, tokens: Tensor, state: State) -> dict[str, np.ndarray]:
-        feed = {first: np.ascontiguousarray(tokens.detach().cpu().numpy(), dtype=np.int64)}
-        for name, s in zip(self.state_names, state, strict=True):
-            feed[name] = np.ascontiguousarray(s.detach().cpu().numpy(), dtype=np.float32)
-        return feed
-
-    def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        """``tokens [B, T]`` -> ``(logits [B, T, V], state)`` through the Scan graph."""
-        if state is None:
-            state = self.init_state(tokens.shape[0])
-        if tokens.shape[1] == 0:
-            return torch.zeros(tokens.shape[0], 0, self.vocab_size), tuple(state)
-        out = self.sequence.run(self._outs, self._feed("tokens", tokens, state))
-        return torch.from_numpy(out[0]), tuple(torch.from_numpy(o) for o in out[1:])
-
-    __call__ = forward
-
-    def step(self, token: Tensor, state: State) -> tuple[Tensor, State]:
-        """``token [B]`` -> ``(logits [B, V], state)`` through the step graph."""
-        out = self.step_session.run(self._outs, self._feed("token", token, state))
-        return torch.from_numpy(out[0]), tuple(torch.from_numpy(o) for o in out[1:])
-
-
-class TorchScriptRunner:
-    """Runs the exported TorchScript module (``forward`` loop over the traced step; ``step``)."""
-
-    backend = "torchscript"
-
-    def __init__(self, directory: str | os.PathLike) -> None:
-        from zoo.export.torchscript import load_torchscript
-
-        self.directory = Path(directory)
-        manifest = read_manifest(self.directory)
-        if manifest is None or manifest.get("format") != "torchscript":
-            raise MissingFileError(f"{self.directory}: no TorchScript export (missing or unreadable export.json)")
-        self.manifest = manifest
-        self.module, self.meta = load_torchscript(self.directory / manifest["files"]["module"])
-        self.state_names: list[str] = manifest["state_names"]
-
-    def init_state(self, batch_size: int, device: Any = None) -> State:
-        return tuple(self.module.init_state(batch_size))
-
-    @torch.no_grad()
-    def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
-        if state is None:
-            state = self.init_state(tokens.shape[0])
-        logits, new_state = self.module(tokens.long(), [s.float() for s in state])
-        return logits, tuple(new_state)
-
-    __call__ = forward
-
-    @torch.no_grad()
-    def step(self, token: Tensor, state: State) -> tuple[Tensor, State]:
-        logits, new_state = self.module.step(token.long(), [s.float() for s in state])
-        return logits, tuple(new_state)
 
 
 # -- the registry --------------------------------------------------------------------------------------------
-def _export_torchscript(model: Any, directory: Path, sha256: str) -> None:
-    from zoo.export.torchscript import export_torchscript
-
-    export_torchscript(model, directory, sha256)
-
-
-def _export_onnx(model: Any, directory: Path, sha256: str) -> None:
-    from zoo.export.onnx_graphs import export_onnx
-
-    export_onnx(model, directory, sha256)
-
-
-def _export_onnx_int8(model: Any, directory: Path, sha256: str) -> None:
-    from zoo.export.onnx_graphs import export_onnx
-
-    export_onnx(model, directory, sha256, quantize="int8")
-
-
 @dataclass(frozen=True)
 class BackendSpec:
     """One inference backend. ``format`` is the export folder it runs from (``None``: the eager model itself);
@@ -196,9 +53,7 @@ class BackendSpec:
     requires: str | None = None
     #: TorchServe's handler can run it (the worker loads it from a model archive).
     servable: bool = True
-    #: Loading its files can run code (TorchScript: see :mod:`zoo.export.torchscript`): then only an export made on this
-    #: machine (the exports folder, the export cache) is used, never one that came with a checkpoint or a Hub
-    #: snapshot. ONNX graphs are data: a shipped one is used when every file matches its manifest's sha256.
+    #: Loading its files can run code: see :attr:`zoo.export.formats.ExportFormat.loads_code`.
     loads_code: bool = False
 
 
@@ -210,25 +65,48 @@ def register_backend(spec: BackendSpec) -> BackendSpec:
     return spec
 
 
+def _add_format_backends() -> None:
+    """The backends of every export format registered since (:func:`zoo.export.formats.register_format`)."""
+    for fmt in EXPORT_FORMATS.values():
+        for b in fmt.backends:
+            if b.name not in BACKENDS:
+                register_backend(_from_format(fmt, b))
+
+
 def backend_names(servable_only: bool = False) -> list[str]:
+    _add_format_backends()
     return [n for n, s in BACKENDS.items() if s.servable or not servable_only]
 
 
 def get_backend(name: str) -> BackendSpec:
+    _add_format_backends()
     try:
         return BACKENDS[name]
     except KeyError:
         raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}") from None
 
 
+def _from_format(fmt: ExportFormat, b: FormatBackend) -> BackendSpec:
+    """The backend ``b`` of the export format ``fmt`` (its runner over the format's folder, its export)."""
+    quantize = "int8" if b.int8 else None
+    return BackendSpec(b.name, fmt.name, b.description, lambda d: fmt.open(d, int8=b.int8),
+                       lambda model, d, sha256: fmt.export(model, d, sha256, quantize=quantize), b.files,
+                       fmt.requires, servable=b.servable, loads_code=fmt.loads_code)
+
+
+def _require(spec: BackendSpec) -> None:
+    """The module ``spec`` needs, imported now: a missing one is a one-line BackendError naming the extra."""
+    if spec.requires is None:
+        return
+    try:
+        importlib.import_module(spec.requires)
+    except ImportError:
+        raise BackendError(f"the {spec.format} backends need {spec.requires}: pip install 'alstm-zoo[export]'") \
+            from None
+
+
 register_backend(BackendSpec("eager", None, "PyTorch, the model itself (fp32, or bf16 autocast)"))
-register_backend(BackendSpec("torchscript", "torchscript", "the traced TorchScript module", TorchScriptRunner,
-                             _export_torchscript, ("module",), servable=False, loads_code=True))
-register_backend(BackendSpec("onnx", "onnx", "ONNX Runtime: a Scan graph for sequences, a step graph",
-                             lambda d: OnnxRunner(d), _export_onnx, ("sequence", "step"), "onnxruntime"))
-register_backend(BackendSpec("onnx-int8", "onnx", "ONNX Runtime with dynamically quantised int8 weights",
-                             lambda d: OnnxRunner(d, int8=True), _export_onnx_int8, ("sequence_int8", "step_int8"),
-                             "onnxruntime"))
+_add_format_backends()
 
 
 # -- finding or creating exports --------------------------------------------------------------------------------
@@ -282,8 +160,7 @@ def ensure_export(model: Any, backend: str) -> Path:
     spec = get_backend(backend)
     if spec.export is None:
         raise BackendError(f"backend {backend!r} runs the model itself: it has no export")
-    if spec.requires == "onnxruntime":
-        _onnxruntime()
+    _require(spec)
     sha256 = weights_sha256(model)
     for directory, verify in candidate_dirs(model, backend, sha256):
         if _usable(directory, backend, sha256, model.lm.config, verify_files=verify):
@@ -332,8 +209,7 @@ def make_runner(model: Any, backend: str, directory: str | os.PathLike | None = 
 def _open_runner(spec: BackendSpec, directory: Path) -> Any:
     """``spec.runner(directory)``, a file that does not load (truncated, damaged) as a one-line BackendError: the
     runtimes raise their own types (a protobuf parse error, a zip reader error) with multi-line texts."""
-    if spec.requires == "onnxruntime":
-        _onnxruntime()  # (a missing runtime is its own error, not a damaged file)
+    _require(spec)  # (a missing runtime is its own error, not a damaged file)
     try:
         return spec.runner(directory)
     except BackendError:
@@ -345,7 +221,7 @@ def _open_runner(spec: BackendSpec, directory: Path) -> Any:
 
 
 def attach_backend(model: Any, backend: str, directory: str | os.PathLike | None = None) -> Any:
-    """Switch a :class:`~zoo.pretrained.ZooModel` to ``backend`` in place (and return it)."""
+    """Switch a :class:`~zoo.zoo_model.ZooModel` to ``backend`` in place (and return it)."""
     model.runner = make_runner(model, backend, directory)
     model.backend = backend
     model.precision = "fp32"   # exports run as exported (see ZooModel.set_precision)

@@ -3,8 +3,8 @@
 Why: generating one token, or scoring a 70-token chunk at batch 1, is per layer and step a few tiny GEMMs and a
 dozen elementwise kernels; on a GPU the host launching them, not the GPU running them, sets the pace (the CPU's
 C++ loops, :mod:`zoo.models._compiled`, do not apply there). A graph replays the whole call with one launch, as
-:mod:`zoo.captured_step` does for the training step; the kernels are the eager call's own, so the numbers are the
-eager call's (to float rounding, should cuBLAS pick another algorithm on the capture stream).
+:mod:`zoo.training.captured_step` does for the training step; the kernels are the eager call's own, so the
+numbers are the eager call's (to float rounding, should cuBLAS pick another algorithm on the capture stream).
 
 What is captured: :meth:`LanguageModel.step` (a token ``[B]``) and :meth:`LanguageModel.target_logprobs` at batch
 1 (``[1, T]``), and dynamic evaluation's segment (forward, backward and the weights' update: :mod:`zoo.dynamic`),

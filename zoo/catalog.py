@@ -5,7 +5,7 @@ the sha256 and size of every file; whatever a download delivers must match. A ch
 copies of the catalogue's models in ``pretrained/`` beside the catalogue file (the wheel does not: a plain
 install fetches them from the Hub, see :mod:`zoo.hub`). ``$ZOO_CATALOG`` points at another catalogue (its
 bundled copies in ``pretrained/`` beside it, or in ``$ZOO_PRETRAINED_DIR``), e.g. for tests or a private
-registry. Writing the catalogue is checkout tooling (``zoo.tools.bundle``); this module only reads it.
+registry. Writing the catalogue is checkout tooling (``zoo.tools.release.bundle``); this module only reads it.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ class GradStats:
 
 def save_stats(stats: GradStats, path: str | os.PathLike) -> None:
     """Write ``stats`` to ``path`` atomically as safetensors (``rms.0`` ... in parameter order; the token count and
-    key as metadata): :meth:`zoo.pretrained.ZooModel.dynamic_stats` keeps them on disk, since collecting them
+    key as metadata): :meth:`zoo.zoo_model.ZooModel.dynamic_stats` keeps them on disk, since collecting them
     takes about a minute of CPU for the bundled models and every ``zoo ... --dynamic`` command is a new process."""
     from safetensors.torch import save
 

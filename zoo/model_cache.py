@@ -18,14 +18,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from zoo.pretrained import ZooModel, load
+from zoo.zoo_model import ZooModel, load
 
 #: Models held at once unless the caller says otherwise.
 DEFAULT_CAPACITY = 4
 
 
 class ModelCache:
-    """``capacity`` loaded :class:`~zoo.pretrained.ZooModel` s keyed by ``(source, device)``; see the module."""
+    """``capacity`` loaded :class:`~zoo.zoo_model.ZooModel` s keyed by ``(source, device)``; see the module."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:

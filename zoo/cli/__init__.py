@@ -16,28 +16,24 @@ import os
 import sys
 from typing import Any
 
-from zoo.cli import build_ext, download, evaluate, generate, info, listing, score, train
+from zoo.cli import build_ext, download, evaluate, export, generate, info, listing, score, train
 from zoo.cli.parser import EXIT_USAGE, OneLineParser
 from zoo.errors import ZooError
 
-__all__ = ["main", "build_parser", "EXIT_USAGE", "COMMANDS_GROUP", "CHECKOUT_COMMANDS"]
+__all__ = ["main", "build_parser", "EXIT_USAGE", "COMMANDS", "COMMANDS_GROUP", "CHECKOUT_COMMANDS"]
 
+#: Every sub-command of the library and the module of this package that defines it (``register(subparsers)``
+#: adds its sub-parser, ``run(args)`` runs it), in the order ``zoo --help`` lists them: the one listing of where
+#: each command lives, as huggingface_hub's ``hf.py`` keeps one.
+COMMANDS = {"list": listing, "info": info, "score": score, "generate": generate, "eval": evaluate,
+            "train": train, "download": download, "export": export, "build-ext": build_ext}
 #: Entry-point group of sub-commands contributed by other packages (``add(subparsers)`` functions).
 COMMANDS_GROUP = "alstm_zoo.commands"
-#: Commands that live in checkout tooling; named here only to say where to find them when they are missing.
-CHECKOUT_COMMANDS = ("serve", "bundle", "publish")
-
-
-def _add_export(subparsers) -> None:
-    """``zoo export``: the export package's own command (imported only when the parser is built)."""
-    from zoo.export.cli import add
-
-    add(subparsers)
-
-
-#: The library's sub-commands in the order ``zoo --help`` lists them: each adds its own sub-parser.
-COMMANDS = (listing.register, info.register, score.register, generate.register, evaluate.register,
-            train.register, download.register, _add_export, build_ext.register)
+#: The checkout's commands and the module of each (checkout tooling, zoo.tools, not in the wheel: the
+#: :data:`COMMANDS_GROUP` entry point adds them); named here to say where they live, and where a plain install
+#: lacks them.
+CHECKOUT_COMMANDS = {"serve": "zoo.tools.serve.cli", "bundle": "zoo.tools.release.bundle",
+                     "publish": "zoo.tools.release.publish"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="zoo", description="Adaptive-parameterization language models: "
                       "pretrained weights, scoring, generation, training.")
     sub = p.add_subparsers(dest="command", required=True)
-    for register in COMMANDS:
-        register(sub)
+    for module in COMMANDS.values():
+        module.register(sub)
     p.subparsers = sub  # plugins add their commands here (see main)
     return p
 

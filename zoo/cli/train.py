@@ -39,7 +39,8 @@ def register(subparsers) -> None:
     sp.add_argument("--log-every-steps", type=int, default=50, help="steps between TensorBoard loss points")
     sp.add_argument("--cuda-graphs", action="store_true",
                     help="on a GPU: replay each update from a CUDA graph captured once per BPTT length (same "
-                         "arithmetic, one launch per step; stream-mode recipes, one process; zoo/captured_step.py)")
+                         "arithmetic, one launch per step; stream-mode recipes, one process; "
+                         "zoo/training/captured_step.py)")
     sp.set_defaults(func=run)
 
 

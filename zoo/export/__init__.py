@@ -16,41 +16,39 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zoo.export.common import FORMATS, exports_root, read_manifest, weights_sha256, write_manifest
+from zoo.errors import ConfigError
+from zoo.export.common import exports_root, read_manifest, weights_sha256, write_manifest
+from zoo.export.formats import format_names, get_format
 
 __all__ = ["FORMATS", "export_model", "exports_root", "read_manifest", "weights_sha256"]
+
+#: The registered export formats (:mod:`zoo.export.formats`), in the order ``--format all`` writes them.
+FORMATS = format_names()
 
 
 def export_model(model: Any, out_dir: str | Path, formats: tuple[str, ...] = FORMATS, quantize: str | None = None,
                  verify: bool = True, progress: bool = False) -> dict[str, dict[str, Any]]:
-    """Export ``model`` (a :class:`~zoo.pretrained.ZooModel`) into ``out_dir/<format>/``.
+    """Export ``model`` (a :class:`~zoo.zoo_model.ZooModel`) into ``out_dir/<format>/``.
 
     With ``verify`` the written files are loaded back and compared with eager PyTorch on (B, T) shapes
     other than the export example; the result is stored in each manifest under ``parity``.
     Returns ``{format: manifest}``.
     """
-    from zoo.export.onnx_graphs import export_onnx
-    from zoo.export.torchscript import export_torchscript
     from zoo.export.verify import check_parity
 
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown:
-        raise ValueError(f"unknown export format {unknown[0]!r} (choose from {', '.join(FORMATS)})")
-    if quantize is not None and "onnx" not in formats:
-        raise ValueError("--quantize applies to the ONNX graphs: add the onnx format")
+    specs = [get_format(f) for f in formats]
+    if quantize is not None and not any(quantize in s.quantizations for s in specs):
+        raise ConfigError("--quantize applies to the ONNX graphs: add the onnx format")
     out_dir = Path(out_dir)
     sha256 = weights_sha256(model)
     results: dict[str, dict[str, Any]] = {}
-    for fmt in formats:
+    for spec in specs:
         if progress:
-            print(f"exporting {fmt} ...", flush=True)
-        target = out_dir / fmt
-        if fmt == "onnx":
-            manifest = export_onnx(model, target, sha256, quantize=quantize)
-        else:
-            manifest = export_torchscript(model, target, sha256)
+            print(f"exporting {spec.name} ...", flush=True)
+        target = out_dir / spec.name
+        manifest = spec.export(model, target, sha256, quantize=quantize if quantize in spec.quantizations else None)
         if verify:
-            manifest["parity"] = check_parity(model, fmt, target, int8=quantize == "int8")
+            manifest["parity"] = check_parity(model, spec.name, target, int8=quantize == "int8")
             write_manifest(target, manifest)
-        results[fmt] = manifest
+        results[spec.name] = manifest
     return results

@@ -23,7 +23,6 @@ from zoo.lm import LanguageModel
 
 #: Bumped when the layout or the I/O contract of the exported files changes.
 EXPORT_VERSION = 1
-FORMATS = ("onnx", "torchscript")
 MANIFEST = "export.json"
 #: Batch size of the example inputs used to capture the graphs; parity checks use other shapes.
 EXAMPLE_BATCH = 2

@@ -25,9 +25,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zoo.export.common import EXAMPLE_BATCH, base_manifest, state_shapes, write_manifest
+from zoo.errors import MissingFileError
+from zoo.export.common import EXAMPLE_BATCH, base_manifest, read_manifest, state_shapes, write_manifest
 from zoo.files import sha256_file
 from zoo.lm import LanguageModel
+
+State = tuple[Tensor, ...]
 
 TS_FILE = "model.pt"
 META_NAME = "zoo_export.json"
@@ -126,3 +129,35 @@ def export_torchscript(model: Any, out_dir: Path, sha256: str) -> dict[str, Any]
     manifest["file_sha256"] = {TS_FILE: sha256_file(out_dir / TS_FILE)}
     write_manifest(out_dir, manifest)
     return manifest
+
+
+class TorchScriptRunner:
+    """Runs the exported TorchScript module (``forward`` loop over the traced step; ``step``)."""
+
+    backend = "torchscript"
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        manifest = read_manifest(self.directory)
+        if manifest is None or manifest.get("format") != "torchscript":
+            raise MissingFileError(f"{self.directory}: no TorchScript export (missing or unreadable export.json)")
+        self.manifest = manifest
+        self.module, self.meta = load_torchscript(self.directory / manifest["files"]["module"])
+        self.state_names: list[str] = manifest["state_names"]
+
+    def init_state(self, batch_size: int, device: Any = None) -> State:
+        return tuple(self.module.init_state(batch_size))
+
+    @torch.no_grad()
+    def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State]:
+        if state is None:
+            state = self.init_state(tokens.shape[0])
+        logits, new_state = self.module(tokens.long(), [s.float() for s in state])
+        return logits, tuple(new_state)
+
+    __call__ = forward
+
+    @torch.no_grad()
+    def step(self, token: Tensor, state: State) -> tuple[Tensor, State]:
+        logits, new_state = self.module.step(token.long(), [s.float() for s in state])
+        return logits, tuple(new_state)

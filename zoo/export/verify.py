@@ -60,15 +60,15 @@ def compare(lm: Any, runner: Any, shapes=SHAPES, seed: int = 0) -> dict[str, Any
 
 def check_parity(model: Any, fmt: str, directory: Path, int8: bool = False) -> dict[str, Any]:
     """Load the export in ``directory`` and compare it with eager; ``passed`` applies the tolerances."""
-    from zoo.backends import OnnxRunner, TorchScriptRunner
+    from zoo.export.formats import get_format
 
-    runner = OnnxRunner(directory) if fmt == "onnx" else TorchScriptRunner(directory)
-    result = compare(model.lm, runner)
+    spec = get_format(fmt)
+    result = compare(model.lm, spec.open(directory))
     result["passed"] = (result["max_abs_logit_diff"] <= LOGIT_ATOL and result["max_abs_state_diff"] <= LOGIT_ATOL
                         and result["ppl_rel_diff"] <= PPL_RTOL and result["step_vs_sequence_abs_diff"] <= STEP_ATOL)
     result["tolerances"] = {"logit_atol": LOGIT_ATOL, "ppl_rtol": PPL_RTOL, "step_atol": STEP_ATOL}
-    if int8 and fmt == "onnx":
+    if int8 and "int8" in spec.quantizations:
         # int8 changes the numbers by design; recorded for information, judged on real text elsewhere.
-        q = compare(model.lm, OnnxRunner(directory, int8=True))
+        q = compare(model.lm, spec.open(directory, int8=True))
         result["int8"] = {k: q[k] for k in ("max_abs_logit_diff", "ppl_rel_diff", "step_vs_sequence_abs_diff")}
     return result

@@ -41,7 +41,7 @@ from zoo.hf.configuration import AlstmZooConfig
 from zoo.hub import HF_PREFIX
 from zoo.lm import LanguageModel
 from zoo.models._fused_loss import logits_target_logprobs
-from zoo.pretrained import ZooModel, load
+from zoo.zoo_model import ZooModel, load
 
 #: A Hugging Face repo id (``ORG/NAME``): what transformers users pass for a Hub model.
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -122,7 +122,7 @@ class AlstmZooPreTrainedModel(PreTrainedModel):
 
 class AlstmZooForCausalLM(AlstmZooPreTrainedModel, GenerationMixin):
     """See the module docstring. ``model.lm`` is the zoo's :class:`~zoo.lm.LanguageModel`; ``model.zoo`` is the
-    :class:`~zoo.pretrained.ZooModel` it was loaded as (scoring, the zoo's generation), when it was loaded."""
+    :class:`~zoo.zoo_model.ZooModel` it was loaded as (scoring, the zoo's generation), when it was loaded."""
 
     def __init__(self, config: AlstmZooConfig, lm: LanguageModel | None = None):
         super().__init__(config)

@@ -1,4 +1,6 @@
-"""Checkout tooling: bundling, model cards, tiers, README generation, plots, publishing and the TorchServe launcher.
+"""Checkout tooling, a package per job: the TorchServe launcher (:mod:`zoo.tools.serve`), the demo
+(:mod:`zoo.tools.demo`), a run's release: bundling, model cards, publishing (:mod:`zoo.tools.release`), the GPU ferry
+(:mod:`zoo.tools.gpu`); beside them tiers, README generation, plots, loopback ports, the docs' and the wheel's hooks.
 
 Not part of the library: the wheel does not ship this package and no library module imports it (a test checks
 the import graph). Its commands reach the ``zoo`` CLI through the ``alstm_zoo.commands`` entry point

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 
 def add(subparsers) -> None:
-    from zoo.tools.bundle import add_cli as add_bundle
-    from zoo.tools.publish import add_cli as add_publish
+    from zoo.tools.release.bundle import add_cli as add_bundle
+    from zoo.tools.release.publish import add_cli as add_publish
     from zoo.tools.serve.cli import add as add_serve
 
     add_serve(subparsers)

@@ -72,7 +72,7 @@ def tier_reports(repo: Path = REPO) -> list[Path]:
 
 
 def models_section(repo: Path = REPO) -> str:
-    from zoo.tools.cards import dynamic_results, models_table_markdown
+    from zoo.tools.release.cards import dynamic_results, models_table_markdown
 
     return models_table_markdown(dynamic=dynamic_results(repo / RESULTS)).strip()
 
@@ -80,8 +80,8 @@ def models_section(repo: Path = REPO) -> str:
 def best_models_section(repo: Path = REPO) -> str:
     """The README's short table: per dataset (and training mode), the bundled model with the lowest test number,
     beside the published number its card compares with."""
-    from zoo.pretrained import catalog
-    from zoo.tools.cards import has_numbers
+    from zoo.tools.release.cards import has_numbers
+    from zoo.zoo_model import catalog
 
     best: dict[str, tuple[str, dict]] = {}
     for name, m in sorted(catalog().get("models", {}).items()):
@@ -118,8 +118,8 @@ def unbundled_runs_table(repo: Path = REPO) -> str:
     stopped by a budget), from the two files each keeps in ``model_cards/runs/``: no number is typed."""
     import json
 
-    from zoo.tools.bundle import find_reference
-    from zoo.tools.cards import release_metrics, short_device
+    from zoo.tools.release.bundle import find_reference
+    from zoo.tools.release.cards import release_metrics, short_device
     from zoo.tools.tiers import read_log, stopped_by_budget
 
     folder = repo / "model_cards" / "runs"

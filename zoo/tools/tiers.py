@@ -30,7 +30,7 @@ from typing import Any
 
 from zoo.files import write_atomic
 from zoo.tools import REPO
-from zoo.tools.cards import has_numbers, primary_metric, release_metrics, short_device
+from zoo.tools.release.cards import has_numbers, primary_metric, release_metrics, short_device
 
 TIERS_FILE = Path(__file__).resolve().parent / "tiers.toml"
 
@@ -117,7 +117,7 @@ def read_run(name: str, runs_dir: Path, cards_dir: Path, epochs_budget: int = 0)
     out: dict[str, Any] = {"run": name, "status": "stopped early" if stopped else "unfinished", "epochs": epochs,
                            "log": shown.as_posix()}
     if ev_path.is_file():
-        from zoo.tools.bundle import find_reference  # (zoo.tools.bundle reads the tier reports)
+        from zoo.tools.release.bundle import find_reference  # (zoo.tools.release.bundle reads the tier reports)
 
         ev = json.loads(ev_path.read_text())
         out.update(status="finished", metrics=release_metrics(ev), num_parameters=ev["num_parameters"],

@@ -1,7 +1,7 @@
 """The training objective: the LM loss, time-summed or not, plus AWD-LSTM's activation regularisers.
 
-Why written once: the eager step and the CUDA graph captured from it (:mod:`zoo.captured_step`) must compute the same
-arithmetic, and sentence mode's padding must count in neither the loss nor AR/TAR.
+Why written once: the eager step and the CUDA graph captured from it (:mod:`zoo.training.captured_step`) must compute
+the same arithmetic, and sentence mode's padding must count in neither the loss nor AR/TAR.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A recipe: the TOML file holding every hyper-parameter of a run, and the checks it passes before anything trains.
 
-Why here, apart from the trainer: ``zoo train A B --jobs 2``, the checkout tooling (``zoo.tools.gpu_piece``,
+Why here, apart from the trainer: ``zoo train A B --jobs 2``, the checkout tooling (``zoo.tools.gpu.piece``,
 ``cards``) and the tests read recipes without training; and a value out of its type or range must fail at load in
 one line, not after the last epoch (a ``save_dtype`` typo) or silently (a negative clip turns the gradient around).
 """

@@ -26,7 +26,7 @@ Evaluate = Callable[[LanguageModel, str, str], dict[str, Any]]
 def first_selectable_epoch(log: list[dict[str, Any]]) -> int:
     """The first epoch best/ can have been chosen from, given a run's ``log.jsonl`` records.
 
-    A run carried between machines without best/'s own weights (``zoo/tools/ferry.py`` logs a ``ferried`` event
+    A run carried between machines without best/'s own weights (``zoo/tools/gpu/ferry.py`` logs a ``ferried`` event
     with ``best_reset``) chose best/ again from the epoch the trip landed in (the next one when it landed mid-epoch):
     the final choice, and a card saying so, are made among epochs whose weights existed.
     """

@@ -135,7 +135,7 @@ class Trainer:
         self.asgd = False  # set when NT-ASGD switches to averaged SGD
         self._graphs: Any = None
         if cuda_graphs:
-            from zoo.captured_step import CapturedSteps
+            from zoo.training.captured_step import CapturedSteps
             self._graphs = CapturedSteps(self)
 
     def _make_optimizer(self, kind: str) -> torch.optim.Optimizer:
@@ -228,7 +228,7 @@ class Trainer:
     def train_step(self, x: torch.Tensor, y: torch.Tensor, seq_len: int) -> float:
         """One update on ``x -> y`` (``[B, T]``); returns the mean loss over the predicted targets. Targets equal
         to ``PAD_TARGET`` (sentence mode's padding) are not predicted: they count in neither the loss nor AR/TAR.
-        With ``cuda_graphs`` the same update is replayed from a CUDA graph (:mod:`zoo.captured_step`)."""
+        With ``cuda_graphs`` the same update is replayed from a CUDA graph (:mod:`zoo.training.captured_step`)."""
         if self._graphs is not None:
             return self._graphs.step(x, y, seq_len)
         if self.state is not None:
@@ -239,7 +239,7 @@ class Trainer:
     def update(self, x: torch.Tensor, y: torch.Tensor, seq_len: int, state: Any,
                capturing: bool = False) -> tuple[torch.Tensor, Any]:
         """The arithmetic of one update: ``(mean loss, new state)`` as tensors, with no host synchronisation, so
-        that :mod:`zoo.captured_step` can capture exactly this code as a CUDA graph (``capturing``: autocast's
+        that :mod:`zoo.training.captured_step` can capture exactly this code as a CUDA graph (``capturing``: autocast's
         weight cache off, as graphs require)."""
         for g in self.optimizer.param_groups:
             g["lr"] = self.lr * seq_len / self.cfg.bptt

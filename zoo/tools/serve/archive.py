@@ -66,7 +66,7 @@ def build_archive(source: str, model_store: Path, name: str | None = None,
     extra = [ckpt / CONFIG_FILE, ckpt / VOCAB_FILE] + [p for p in (ckpt / "README.md",) if p.is_file()]
     if options.backend != "eager":  # ship the verified ONNX export (found, or made now) inside the archive
         from zoo.backends import ensure_export
-        from zoo.pretrained import ZooModel
+        from zoo.zoo_model import ZooModel
 
         export_dir = ensure_export(ZooModel.from_pretrained(ckpt, name=name), options.backend)
     else:

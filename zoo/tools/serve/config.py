@@ -132,7 +132,7 @@ def ts_dir(run_dir: Path, cfg: ServerConfig | dict[str, Any]) -> Path:
 # -- models -----------------------------------------------------------------------------------------------------
 def resolve_checkpoint(source: str) -> Path:
     """A checkpoint directory for a catalogue name, ``default``, or a path (Hub-aware when zoo.hub exists)."""
-    from zoo.pretrained import resolve_local
+    from zoo.zoo_model import resolve_local
 
     try:
         from zoo.hub import resolve

@@ -4,17 +4,17 @@ Why: a lent GPU gives a session 15 minutes (start-up included) and ten minutes a
 batch 20 leaves an H100 mostly idle; so each piece trains several recipes at once, each in its own ``zoo train``
 process (CUDA graphs on CUDA), and stops each cleanly before the command's limit: SIGTERM makes ``zoo train``
 write its checkpoint atomically after the current step (a second signal, or SIGKILL at the hard deadline, leaves
-the last periodic checkpoint). Every run is then packed (:mod:`zoo.tools.ferry`) beside its run dir, and the packs
+the last periodic checkpoint). Every run is then packed (:mod:`zoo.tools.gpu.ferry`) beside its run dir, and the packs
 that fit the device tool's return (8 files, 64 MiB) are copied into ``--out`` with ``piece.json`` (what each run
 did); a pack that does not fit waits on the warm machine for ``collect`` in the next call.
 
-A run starts from the latest of: a pack in ``--ferry/<name>/`` (carried out by ``zoo/tools/gpu_trip.sh out``) and
+A run starts from the latest of: a pack in ``--ferry/<name>/`` (carried out by ``zoo/tools/gpu/trip.sh out``) and
 its run dir under ``--runs-root`` (a warm machine's earlier piece, or a ``stage`` call's); else from the committed
-pack in ``model_cards/runs/<name>/`` (:mod:`zoo.tools.runpack`, when it travelled in the tree); else epoch 1.
+pack in ``model_cards/runs/<name>/`` (:mod:`zoo.tools.gpu.runpack`, when it travelled in the tree); else epoch 1.
 
-    python -m zoo.tools.gpu_piece train alstm-ptb-17m-ref lstm-ptb-17m-ref --budget-s 500 --out $OUT
-    python -m zoo.tools.gpu_piece collect lstm-ptb-17m-ref --out $OUT   # the next call, same warm machine
-    python -m zoo.tools.gpu_piece stage NAME     # a call that only carries a pack out (see gpu_trip.sh)
+    python -m zoo.tools.gpu.piece train alstm-ptb-17m-ref lstm-ptb-17m-ref --budget-s 500 --out $OUT
+    python -m zoo.tools.gpu.piece collect lstm-ptb-17m-ref --out $OUT   # the next call, same warm machine
+    python -m zoo.tools.gpu.piece stage NAME     # a call that only carries a pack out (see trip.sh)
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zoo.tools import ferry, runpack
+from zoo.tools.gpu import ferry, runpack
 from zoo.training import Recipe, recipe_path
 
 #: The device tool's return (``$OUT``): 8 files, 64 MiB in all; one file is piece.json.
@@ -219,7 +219,7 @@ def run_piece(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m zoo.tools.gpu_piece", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m zoo.tools.gpu.piece", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train", help="train several recipes at once until the budget, then pack them")
     t.add_argument("recipes", nargs="+", help="recipe names or paths; the run dir is <runs-root>/<recipe name>")

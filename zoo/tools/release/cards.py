@@ -147,7 +147,7 @@ def to_toml(data: dict[str, Any], prefix: str = "") -> str:
 
 def has_numbers(reference: dict[str, Any] | None) -> bool:
     """Whether a recipe's ``[reference]`` gives a published number; without one it only cites the setting a run
-    follows (see :func:`zoo.tools.bundle.find_reference`)."""
+    follows (see :func:`zoo.tools.release.bundle.find_reference`)."""
     return bool(reference) and any(k in reference for k in ("valid", "test"))
 
 
@@ -185,7 +185,7 @@ CARD_TEMPLATE = Path(__file__).resolve().parent / "templates" / "model_card.md"
 
 def pieces_line(log: list[dict[str, Any]], finished_on: str | None = None) -> str | None:
     """The card's line for a run trained in pieces and carried between machines (``zoo train
-    --pause-after-minutes``, ``zoo/tools/ferry.py``): the hardware line names only the machine that finished it,
+    --pause-after-minutes``, ``zoo/tools/gpu/ferry.py``): the hardware line names only the machine that finished it,
     so this one says which epochs each machine trained, and that each trip rounded the weights once."""
     trips = [r for r in log if r.get("event") == "ferried"]
     paused = sum(1 for r in log if r.get("event") == "paused")
@@ -197,7 +197,7 @@ def pieces_line(log: list[dict[str, Any]], finished_on: str | None = None) -> st
         line += (f"; carried between machines {len(trips)} time{'s' if len(trips) != 1 else ''}"
                  + (f" (from {', '.join(machines)})" if machines else "")
                  + ", each trip rounding the weights to float16 once and Adam's second moment to an 8-bit code "
-                   "(`zoo/tools/ferry.py`)")
+                   "(`zoo/tools/gpu/ferry.py`)")
     spans = epoch_devices(log, finished_on)
     if len(spans) > 1:
         line += "; " + ", ".join(f"epoch{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''} on {short_device(d)}"
@@ -540,7 +540,7 @@ def models_table_markdown(cat: dict[str, Any] | None = None, dynamic: dict[str, 
     """The README's table of pretrained models, generated from the catalogue (``zoo bundle --readme-table``).
     ``dynamic``: test perplexities under dynamic evaluation (:func:`dynamic_results`), a column of their own."""
     if cat is None:
-        from zoo.pretrained import catalog
+        from zoo.zoo_model import catalog
 
         cat = catalog()
     dynamic = dynamic or {}

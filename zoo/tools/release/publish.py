@@ -18,7 +18,7 @@ from zoo.errors import ConfigError, HubError, ModelNotFoundError
 from zoo.export.common import exports_root, read_manifest
 from zoo.files import is_leftover, sha256_file
 from zoo.hub import EXPORT_FOLDERS, _reason, hub_endpoint, verify_files
-from zoo.tools.bundle import update_catalog
+from zoo.tools.release.bundle import update_catalog
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from zoo.export.common import FORMATS, exports_root
+from zoo.export.common import exports_root
+from zoo.export.formats import format_names, get_format
 
 
 def _size(path: Path) -> str:
@@ -28,18 +29,21 @@ def _uncreatable(out: Path) -> str | None:
     return None
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import zoo
     from zoo.export import export_model
 
-    formats = FORMATS if args.format == "all" else (args.format,)
-    if args.quantize and "onnx" not in formats:
-        print("zoo: error: --quantize int8 applies to the ONNX graphs (use --format onnx or all)", file=sys.stderr)
+    formats = format_names() if args.format == "all" else (args.format,)
+    specs = [get_format(f) for f in formats]
+    if args.quantize and not any(args.quantize in s.quantizations for s in specs):
+        takers = [n for n in format_names() if args.quantize in get_format(n).quantizations]
+        print(f"zoo: error: --quantize {args.quantize} applies to the {' / '.join(takers)} export (use --format "
+              f"{takers[0]} or all)", file=sys.stderr)
         return 2
-    if "onnx" in formats:  # before the model loads: a plain install has no ONNX toolchain
-        missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
+    for spec in specs:  # before the model loads: a plain install has no export toolchain
+        missing = [m for m in spec.exporter_requires if importlib.util.find_spec(m) is None]
         if missing:
-            print(f"zoo: error: the ONNX export needs {', '.join(missing)}: pip install 'alstm-zoo[export]'",
+            print(f"zoo: error: the {spec.name} export needs {', '.join(missing)}: pip install 'alstm-zoo[export]'",
                   file=sys.stderr)
             return 2
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
@@ -79,14 +83,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def add(subparsers) -> None:
+def register(subparsers) -> None:
     sp = subparsers.add_parser("export", help="export a model to ONNX (sequence + step graphs) and/or TorchScript")
     sp.add_argument("model", help="catalogue name (see `zoo list`), `default`, a checkpoint directory, or "
                     "hf-hub:ORG/NAME[@REVISION]")
-    sp.add_argument("--format", default="all", choices=[*FORMATS, "all"], help="what to export (default: all)")
-    sp.add_argument("--quantize", choices=["int8"], help="also write dynamically quantised int8 ONNX graphs")
+    sp.add_argument("--format", default="all", choices=[*format_names(), "all"], help="what to export (default: all)")
+    sp.add_argument("--quantize", choices=sorted({q for n in format_names() for q in get_format(n).quantizations}),
+                    help="also write dynamically quantised int8 ONNX graphs")
     sp.add_argument("--out", help="output folder (default: $ZOO_EXPORTS_DIR/<model name>: exports/out/ in a checkout, "
                     "else ~/.local/share/alstm-zoo/exports/); formats go to <out>/<format>/")
     sp.add_argument("--revision", help="Hub revision (tag, branch or commit) to load")
     sp.add_argument("--no-verify", action="store_true", help="skip the parity check against eager PyTorch")
-    sp.set_defaults(func=cmd_export)
+    sp.set_defaults(func=run)

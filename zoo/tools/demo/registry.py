@@ -4,7 +4,7 @@ training curve, loaded lazily through the library's :class:`zoo.model_cache.Mode
 Why a registry of its own: the demo names models as a visitor sees them (a ``--model-dir`` checkpoint whose name
 clashes with a bundled one gets its folder in the name), shows models it has not loaded (the Models tab's table),
 and turns every failure into a one-line ``gr.Error`` that the page shows, never a traceback. One registry is made
-by ``app.py`` and handed to the handlers (:mod:`zoo.tools.demo_handlers`) and the UI (:mod:`zoo.tools.demo_ui`).
+by ``app.py`` and handed to the handlers (:mod:`zoo.tools.demo.handlers`) and the UI (:mod:`zoo.tools.demo.ui`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from zoo.catalog import bundled_dir, catalog
 from zoo.checkpoint import CheckpointError, read_config
 from zoo.errors import ZooError
 from zoo.model_cache import ModelCache
-from zoo.pretrained import ZooModel
 from zoo.registry import ARCHITECTURES
 from zoo.tools import REPO
-from zoo.tools.demo_render import _fmt, render_curve
-from zoo.tools.demo_stats import DynamicStats
+from zoo.tools.demo.render import _fmt, render_curve
+from zoo.tools.demo.stats import DynamicStats
+from zoo.zoo_model import ZooModel
 
 log = logging.getLogger("zoo.demo")
 
@@ -168,7 +168,7 @@ class ModelRegistry:
 
 
 def dynamic_stats_of(registry: ModelRegistry) -> DynamicStats:
-    """The collector of dynamic evaluation's statistics (:mod:`zoo.tools.demo_stats`): at start-up the
+    """The collector of dynamic evaluation's statistics (:mod:`zoo.tools.demo.stats`): at start-up the
     ``--model-dir`` models (the operator named them) and the default model, the rest of the catalogue on first use."""
     entries = registry.entries
     every = [(n, "bundled" if e["source"] == "bundled" else str(e["dir"])) for n, e in entries.items()]

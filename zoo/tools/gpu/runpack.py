@@ -2,17 +2,17 @@
 
 Why: lent GPUs are not kept, and neither is this checkout's ignored ``runs/`` folder across a change of side: the
 paper-scale aLSTM's first 72 epochs were lost with the one machine that held their checkpoint. After every GPU
-piece the run's packed state (:mod:`zoo.tools.ferry`: float16 weights, Adam's second moment as an 8-bit log code,
+piece the run's packed state (:mod:`zoo.tools.gpu.ferry`: float16 weights, Adam's second moment as an 8-bit log code,
 its first moment as float16 when ``beta1 > 0``, every counter and RNG state exact, the log) is committed in one
 place, ``model_cards/runs/<name>/`` (the manifest ``ferry.json`` and its parts), *replacing* the previous pack: the
 tree holds only the latest pack, so a checkout grows by one pack's size per run, and the history by one pack per
-piece (git keeps the old blobs; float16 weights do not delta-compress). ``zoo/tools/gpu_trip.sh out`` takes the
+piece (git keeps the old blobs; float16 weights do not delta-compress). ``zoo/tools/gpu/trip.sh out`` takes the
 pack from there when ``runs/<name>`` is missing (a fresh clone, another machine).
 
-    python -m zoo.tools.runpack commit NAME PARTS_DIR   # a returned pack (the device call's files) -> the repo
-    python -m zoo.tools.runpack commit NAME runs/NAME   # or pack a local run dir and commit that
-    python -m zoo.tools.runpack restore NAME runs/NAME  # the committed pack -> a resumable run dir, if missing
-    python -m zoo.tools.runpack carry NAME... --to .devrun/ferry   # (gpu_trip.sh out) the latest state of each
+    python -m zoo.tools.gpu.runpack commit NAME PARTS_DIR   # a returned pack (the device call's files) -> the repo
+    python -m zoo.tools.gpu.runpack commit NAME runs/NAME   # or pack a local run dir and commit that
+    python -m zoo.tools.gpu.runpack restore NAME runs/NAME  # the committed pack -> a resumable run dir, if missing
+    python -m zoo.tools.gpu.runpack carry NAME... --to .devrun/ferry   # (trip.sh out) the latest state of each
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from zoo.errors import ZooError
-from zoo.tools import ferry
+from zoo.tools.gpu import ferry
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PACKS = Path("model_cards") / "runs"
 
 
@@ -112,12 +112,12 @@ def carry_out(repo: Path, names: list[str], dest: Path, limit: int = ferry.TOTAL
     if total > limit:
         raise ferry.FerryError(f"the packs of {', '.join(names)} take {total / ferry.MiB:.1f} MiB, over the "
                                f"{limit / ferry.MiB:.0f} MiB one device call carries beside the tree and the data: "
-                               f"carry them in separate calls (gpu_trip.sh out NAME, then gpu_piece stage NAME)")
+                               f"carry them in separate calls (trip.sh out NAME, then piece.sh stage NAME)")
     return where
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m zoo.tools.runpack", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m zoo.tools.gpu.runpack", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repo", type=Path, default=REPO, help="the checkout (default: this one)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("commit", help="a returned pack or a run dir -> model_cards/runs/NAME/, committed")

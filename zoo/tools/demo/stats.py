@@ -1,6 +1,6 @@
 """The demo's dynamic-evaluation statistics, collected at start-up in a background process.
 
-Why: collecting them (:meth:`zoo.pretrained.ZooModel.dynamic_stats`) takes about a minute of CPU per model, and
+Why: collecting them (:meth:`zoo.zoo_model.ZooModel.dynamic_stats`) takes about a minute of CPU per model, and
 when the first visitor's request did it, two 20,000-character dynamic calls held both of the demo's compute
 slots for 7 minutes while a plain score waited behind them. Here they are collected once, before anyone asks,
 by a child process at the lowest CPU priority, into the library's disk cache (a later start reads them back in
@@ -9,7 +9,7 @@ well under a second); a dynamic request for a model whose statistics are not rea
 A process rather than a thread: it can be ended at any moment (a thread inside a minute-long torch computation
 cannot, and one still running at interpreter exit aborted it), and its memory goes when it ends.
 
-    python -m zoo.tools.demo_stats '[["name", "bundled" or "<checkpoint dir>"], ...]'   # the child's side
+    python -m zoo.tools.demo.stats '[["name", "bundled" or "<checkpoint dir>"], ...]'   # the child's side
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class DynamicStats:
         if self._stopped or not batch:
             self.proc = None
             return
-        self.proc = subprocess.Popen([sys.executable, "-m", "zoo.tools.demo_stats", json.dumps(batch)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "zoo.tools.demo.stats", json.dumps(batch)],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         atexit.register(self.stop)
         threading.Thread(target=self._read, args=(self.proc, batch), daemon=True).start()

@@ -26,9 +26,9 @@ the checkpoint's: the best so far becomes the last epoch (``best_val`` set to it
 so (a ``ferried`` event with ``best_reset``), so the run's final choice is made among epochs whose weights exist.
 A checkpoint from mid-epoch (a piece stopped by a signal) travels too, without ``best/``: the next epoch end sets it.
 
-    python -m zoo.tools.ferry pack runs/alstm-ptb-17m-ref $OUT       # on the GPU machine, after a piece
-    python -m zoo.tools.ferry unpack /work/.device/.../files runs/alstm-ptb-17m-ref   # here
-    python -m zoo.tools.ferry pack runs/alstm-ptb-17m-ref .devrun/ferry          # here, before the next piece
+    python -m zoo.tools.gpu.ferry pack runs/alstm-ptb-17m-ref $OUT       # on the GPU machine, after a piece
+    python -m zoo.tools.gpu.ferry unpack /work/.device/.../files runs/alstm-ptb-17m-ref   # here
+    python -m zoo.tools.gpu.ferry pack runs/alstm-ptb-17m-ref .devrun/ferry          # here, before the next piece
 
 Each trip appends a ``ferried`` event to the run's ``log.jsonl`` (what was rounded), so a card built from the log
 can say the run crossed machines. The parts carry a manifest with every part's SHA-256; unpack checks them.
@@ -58,7 +58,7 @@ from zoo.files import sha256_file, write_atomic
 from zoo.training import run_lock
 
 MiB = 1 << 20
-#: The device tool's return: 8 files of 16 MiB, 64 MiB in all (the manifest, the parts, gpu_piece.sh's log and
+#: The device tool's return: 8 files of 16 MiB, 64 MiB in all (the manifest, the parts, piece.sh's log and
 #: stderr). The way out is the binding limit: the tracked tree (~4.4 MiB without zoo/pretrained) and the data
 #: (PTB 5.7 MiB) travel with the parts in the same 64 MiB, so the packed run may take 53 MiB.
 PART_BYTES = 15 * MiB
@@ -292,7 +292,7 @@ def unpack(parts_dir: Path, run_dir: Path, force: bool = False) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m zoo.tools.ferry", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m zoo.tools.gpu.ferry", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="a run dir's checkpoint -> parts + manifest")
     p.add_argument("run_dir", type=Path)

@@ -1,7 +1,7 @@
 """The demo's endpoints as plain functions: score (plain or by dynamic evaluation), generate, trace the adaptation,
-describe a model. Each takes the :class:`~zoo.tools.demo_registry.ModelRegistry` (and the dynamic-evaluation
+describe a model. Each takes the :class:`~zoo.tools.demo.registry.ModelRegistry` (and the dynamic-evaluation
 statistics where it needs them) as its first arguments, so tests call them directly, without a Gradio server; the
-UI (:mod:`zoo.tools.demo_ui`) binds those arguments once. A bad input is a ``gr.Error`` with the service core's
+UI (:mod:`zoo.tools.demo.ui`) binds those arguments once. A bad input is a ``gr.Error`` with the service core's
 one-line message (the same schema and messages as the HTTP server and the CLI: :mod:`zoo.api.service`).
 """
 
@@ -21,9 +21,8 @@ from zoo.adaptation import trace_text
 from zoo.api.service import GenerateRequest, Limits, ScoreRequest, Service, parse_request
 from zoo.checkpoint import CheckpointError, read_config
 from zoo.errors import InvalidRequest, ZooError
-from zoo.pretrained import ZooModel
-from zoo.tools.demo_registry import ModelRegistry, dynamic_stats_of, user_error
-from zoo.tools.demo_render import (
+from zoo.tools.demo.registry import ModelRegistry, dynamic_stats_of, user_error
+from zoo.tools.demo.render import (
     DIFFERENCE_SCALE_BITS,
     SURPRISAL_SCALE_BITS,
     _fmt,
@@ -31,7 +30,8 @@ from zoo.tools.demo_render import (
     adaptation_figure,
     heatmap_html,
 )
-from zoo.tools.demo_stats import DynamicStats
+from zoo.tools.demo.stats import DynamicStats
+from zoo.zoo_model import ZooModel
 
 #: Input caps for a small shared CPU machine.
 MAX_CHARS = 20_000
@@ -40,7 +40,7 @@ MAX_CHARS = 20_000
 MAX_TOKENS = 25_000
 MAX_PROMPT_CHARS = 2_000
 #: Dynamic evaluation takes gradient steps (~8x the time of a plain score): its texts are capped shorter, it runs
-#: one at a time in its own queue (:data:`zoo.tools.demo_ui.DYNAMIC_CONCURRENCY`), and its statistics are
+#: one at a time in its own queue (:data:`zoo.tools.demo.ui.DYNAMIC_CONCURRENCY`), and its statistics are
 #: collected at start-up.
 MAX_DYNAMIC_CHARS = 2_000
 MAX_NEW_TOKENS = 500

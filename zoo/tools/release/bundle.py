@@ -297,7 +297,7 @@ class _Release:
         """Write the release files, the config (with the measured dynamic-evaluation settings), the tokenizer,
         the figures and the card into ``stage``; returns the card."""
         from zoo.checkpoint import CheckpointError, load_checkpoint
-        from zoo.tools.cards import build_card, dynamic_runs, release_metrics
+        from zoo.tools.release.cards import build_card, dynamic_runs, release_metrics
 
         for f in (VOCAB_FILE, WEIGHTS_FILE):
             shutil.copyfile(self.run / "release" / f, stage / f)
@@ -324,7 +324,7 @@ class _Release:
         return card
 
     def catalog_entry(self, files: dict[str, Any]) -> dict[str, Any]:
-        from zoo.tools.cards import release_metrics
+        from zoo.tools.release.cards import release_metrics
 
         ev, train = self.ev, self.ev["recipe"].get("train", {})
         return {
@@ -473,7 +473,7 @@ def refresh(name: str, *, pretrained_dir: str | os.PathLike | None = None,
 # -- command line -------------------------------------------------------------------------------------------
 def cmd_bundle(args: argparse.Namespace) -> int:
     from zoo.errors import UsageError
-    from zoo.tools.cards import models_table_markdown
+    from zoo.tools.release.cards import models_table_markdown
 
     if args.readme_table:
         print(models_table_markdown(), end="")

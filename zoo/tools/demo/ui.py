@@ -1,5 +1,5 @@
 """The demo's page: one function per tab (Score, Generate, Adaptation, Models), each laying out its components
-and wiring them to the endpoint functions of :mod:`zoo.tools.demo_handlers` with the registry bound; :func:`build_demo`
+and wiring them to the endpoint functions of :mod:`zoo.tools.demo.handlers` with the registry bound; :func:`build_demo`
 assembles the tabs and the queue. ``app.py`` (the entry point) launches the result.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import gradio as gr
 
-from zoo.tools import demo_handlers as handlers
-from zoo.tools.demo_handlers import (
+from zoo.tools.demo import handlers
+from zoo.tools.demo.handlers import (
     MAX_CHARS,
     MAX_DYNAMIC_CHARS,
     MAX_NEW_TOKENS,
@@ -20,8 +20,8 @@ from zoo.tools.demo_handlers import (
     MAX_TOP_K,
     NONE_CHOICE,
 )
-from zoo.tools.demo_registry import ModelRegistry, dynamic_stats_of
-from zoo.tools.demo_stats import DynamicStats
+from zoo.tools.demo.registry import ModelRegistry, dynamic_stats_of
+from zoo.tools.demo.stats import DynamicStats
 
 #: Queue settings for a two-core machine: two model events at a time (dynamic evaluation has its own slot), 16
 #: waiting at most.
@@ -40,7 +40,7 @@ and recurrent projections, per gate and unit; `pi_b` is the adaptive bias (when 
 HyperLSTM (Ha et al. 2017): `d_ix` ... `d_oh` scale the input (`x`) and recurrent (`h`) projections of gates
 i, j (the cell candidate), f and o; `beta_i` ... `beta_o` are the dynamic biases of those gates."""
 
-#: The page's style: the heat maps (their colours are inline: :mod:`zoo.tools.demo_render`), the pair of them side by
+#: The page's style: the heat maps (their colours are inline: :mod:`zoo.tools.demo.render`), the pair of them side by
 #: side, the legends, the Models tab's card tables.
 CSS = """
 .zoo-heat {line-height: 1.9; font-family: ui-monospace, monospace; font-size: 14px; word-wrap: break-word;}
@@ -192,7 +192,7 @@ def models_tab(registry: ModelRegistry, demo: gr.Blocks) -> None:
 
 def build_demo(registry: ModelRegistry, stats: DynamicStats | None = None) -> ZooDemo:
     """The page over ``registry``'s models; ``stats`` collects dynamic evaluation's statistics (by default a
-    collector of the registry's models: :func:`~zoo.tools.demo_registry.dynamic_stats_of`), started by the launch."""
+    collector of the registry's models: :func:`~zoo.tools.demo.registry.dynamic_stats_of`), started by the launch."""
     stats = stats if stats is not None else dynamic_stats_of(registry)
     with ZooDemo(registry, stats, title="alstm-zoo demo") as demo:
         gr.Markdown("# alstm-zoo: adaptive-parameterization language models\n"

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from zoo.errors import ConfigError, DeviceError
+
 
 @dataclass
 class _Graph:
@@ -49,11 +51,11 @@ class CapturedSteps:
 
     def __init__(self, trainer: Any, warmup: int = 3) -> None:
         if trainer.device.type != "cuda":
-            raise ValueError(f"cuda_graphs needs a CUDA device (this run is on {trainer.device.type})")
+            raise DeviceError(f"cuda_graphs needs a CUDA device (this run is on {trainer.device.type})")
         if trainer.sentence_mode:
-            raise ValueError("cuda_graphs captures the stream mode's step (mode = 'sentences' runs eagerly)")
+            raise ConfigError("cuda_graphs captures the stream mode's step (mode = 'sentences' runs eagerly)")
         if trainer.world > 1:
-            raise ValueError("cuda_graphs runs in one process (not under torchrun)")
+            raise ConfigError("cuda_graphs runs in one process (not under torchrun)")
         self.trainer, self.warmup = trainer, warmup
         self.graphs: dict[int, _Graph] = {}
         self.captures = 0                 # how many graphs were captured (recaptures included)

@@ -1,4 +1,4 @@
-"""The demo's rendering (its tabs are :mod:`zoo.tools.demo_ui`, its endpoints :mod:`zoo.tools.demo_handlers`):
+"""The demo's rendering (its tabs are :mod:`zoo.tools.demo.ui`, its endpoints :mod:`zoo.tools.demo.handlers`):
 training curves, the surprisal heat map of a scored text, the summary table of one or two models and the adaptation
 figure. Pure functions of their inputs (plus the curve images written under :func:`curves_dir`), so they are tested
 without a browser."""
