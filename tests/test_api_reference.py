@@ -40,8 +40,8 @@ def test_roles_become_cross_references_in_the_docstrings_scope():
     zoo = griffe.load("zoo", search_paths=[str(REPO)], extensions=griffe.load_extensions(SphinxRoles))
     left = [o.path for o in _walk(zoo) if o.docstring is not None and ROLE.search(o.docstring.value)]
     assert left == []
-    text = zoo["pretrained.load"].docstring.value  # `:meth:`ZooModel.to`` in zoo.pretrained: a local class
-    assert '<autoref identifier="zoo.pretrained.ZooModel.to" optional><code>ZooModel.to</code></autoref>' in text
+    text = zoo["zoo_model.load"].docstring.value  # `:meth:`ZooModel.to`` in zoo.zoo_model: a local class
+    assert '<autoref identifier="zoo.zoo_model.ZooModel.to" optional><code>ZooModel.to</code></autoref>' in text
     assert '<autoref identifier="zoo.hub.resolve" optional>' in text  # a full path stays as written
 
 
@@ -50,7 +50,7 @@ def test_a_role_that_names_nothing_is_a_warning(caplog):
 
     zoo = griffe.load("zoo", search_paths=[str(REPO)])
     with caplog.at_level(logging.WARNING):
-        out = convert(zoo["pretrained.load"], "see :func:`zoo.no_such_function` and :func:`torch.compile`")
+        out = convert(zoo["zoo_model.load"], "see :func:`zoo.no_such_function` and :func:`torch.compile`")
     assert "names nothing" in caplog.text and "zoo.no_such_function" in caplog.text
     assert out == "see `zoo.no_such_function` and `torch.compile`"  # no link to a page that is not there
 

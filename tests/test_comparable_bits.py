@@ -67,7 +67,7 @@ def test_the_corpus_aggregate_charges_the_sum():
 
 
 def test_the_demo_and_the_cli_show_the_charged_rate(scores):
-    from zoo.tools.demo_render import _summary_md
+    from zoo.tools.demo.render import _summary_md
 
     rows = []
     for name, res in scores.items():

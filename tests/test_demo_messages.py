@@ -21,8 +21,8 @@ import gradio as gr
 import pytest
 
 from tests.conftest import REPO
-from zoo.tools import demo_handlers as handlers
-from zoo.tools.demo_registry import ModelRegistry, user_error
+from zoo.tools.demo import handlers
+from zoo.tools.demo.registry import ModelRegistry, user_error
 from zoo.tools.ports import free_port
 
 pytestmark = pytest.mark.usefixtures("one_thread")

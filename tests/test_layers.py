@@ -267,7 +267,7 @@ PACKAGE_FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
                      ("batches", "checkpoint_saver", "objective", "optimizers", "release"),
                      ("trainer",), ("",)),
     "zoo.export": (("common", "formats"), ("onnx_graphs", "torchscript", "verify"), ("onnx_runtime",), ("",)),
-    "zoo.hf": (("configuration",), ("modeling",), ("tokenization",), ("",)),
+    "zoo.hf": (("configuration", "stopping"), ("modeling",), ("tokenization",), ("pipeline",), ("",)),
     "zoo.api": (("http",), ("service",), ("native", "completions", "dialects"), ("scheduler",), ("",)),
     "zoo.tools.demo": (("guard", "render", "stats"), ("registry",), ("handlers",), ("ui",), ("launch",), ("",)),
     "zoo.tools.gpu": (("ferry",), ("runpack",), ("piece",), ("",)),

@@ -256,8 +256,9 @@ class ZooLM(LM):
                   max_new_tokens: int | None = None, do_sample: bool = False, temperature: float | None = None,
                   top_k: int = 0, top_p: float = 1.0, seed: int | None = None, **ignored: Any) -> str:
         """The generated text after ``context``, cut before the earliest ``until`` string. The loop, the sampling
-        rule and the spacing are the zoo's own (:func:`zoo.generation.generate_steps`, :class:`~zoo.generation.
-        Sampler`, :class:`~zoo.generation.Detokenizer`); here only the harness's arguments and stop strings."""
+        rule and the spacing are the zoo's own (:func:`zoo.generation.generate_steps`,
+        :class:`~zoo.generation.Sampler`, :class:`~zoo.generation.Detokenizer`); here only the harness's arguments
+        and stop strings."""
         if ignored:
             log.info("generation settings not used by zoo models: %s", sorted(ignored))
         stops = [s for s in ([until] if isinstance(until, str) else (until or ())) if s]  # "" would stop at once
