@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from zoo.cli import build_ext, download, evaluate, generate, info, listing, score, train
+from zoo.cli import build_ext, download, evaluate, generate, info, listing, score, score_corpus, train
 from zoo.cli.parser import EXIT_USAGE, OneLineParser
 from zoo.errors import ZooError
 
@@ -36,7 +36,8 @@ def _add_export(subparsers) -> None:
 
 
 #: The library's sub-commands in the order ``zoo --help`` lists them: each adds its own sub-parser.
-COMMANDS = (listing.register, info.register, score.register, generate.register, evaluate.register,
+COMMANDS = (listing.register, info.register, score.register, score_corpus.register, generate.register,
+            evaluate.register,
             train.register, download.register, _add_export, build_ext.register)
 
 

@@ -142,7 +142,8 @@ def run_ray(address: str, spec: dict[str, Any], shards: list[Shard], folder: Pat
             workers: int | None, cpus: float, gpus: float, progress: Progress) -> Iterator[dict[str, Any]]:
     """The shards as a Ray dataset of descriptors (one block each), ``map_batches`` over an actor pool of
     ``workers`` :class:`ShardScorer` actors (``cpus`` CPUs and ``gpus`` GPUs each); an actor that dies is restarted
-    and its shard done again (atomic writes: no duplicates). The output folder must be one every node sees (a
+    and its shard done again (Ray Data's default for actors: ``max_restarts=-1``, ``max_task_retries=-1``; atomic
+    writes: no duplicates). The output folder must be one every node sees (a
     shared filesystem) and the library installed on every node."""
     try:
         import ray
@@ -167,7 +168,7 @@ def run_ray(address: str, spec: dict[str, Any], shards: list[Shard], folder: Pat
                             compute=ray.data.ActorPoolStrategy(size=min(workers, len(shards))),
                             fn_constructor_kwargs={"spec": spec, "folder": str(folder.resolve()),
                                                    "settings": settings, "threads": max(1, int(cpus))},
-                            num_cpus=cpus, num_gpus=gpus or None, max_restarts=-1, max_task_retries=-1)
+                            num_cpus=cpus, num_gpus=gpus or None)  # (Ray Data's actors: restarted, tasks retried)
         for row in ds.iter_rows():
             stats = json.loads(row["stats"])
             progress(stats["docs"], stats["num_tokens"])
