@@ -119,10 +119,11 @@ def _record_of(obj: Any, index: int, default_id: str, text_field: str, id_field:
     if text_field not in obj:
         rec.error_kind, rec.error = "missing_text", f"no field {text_field!r}"
         return rec
-    return _checked(rec, obj[text_field], text_field)
+    return check_record_text(rec, obj[text_field], text_field)
 
 
-def _checked(rec: Record, value: Any, name: str) -> Record:
+def check_record_text(rec: Record, value: Any, name: str) -> Record:
+    """``rec`` with ``value`` as its text if the service would score it, else with the error saying why."""
     if not isinstance(value, str):
         rec.error_kind, rec.error = "not_a_string", f"{name!r} is {type(value).__name__}, not a string"
         return rec
@@ -156,7 +157,7 @@ def _line_records(shard: Shard, text_field: str, id_field: str | None, keep: boo
             if line is None:
                 yield rec
             elif shard.kind == "text":
-                yield _checked(rec, line, "line")
+                yield check_record_text(rec, line, "line")
             else:
                 try:
                     obj = json.loads(line)
@@ -174,7 +175,7 @@ def _file_record(shard: Shard) -> Iterator[Record]:
         raw = f.read()
     rec = Record(0, shard.name)
     text = _decode(raw, rec)
-    yield rec if text is None else _checked(rec, text, "file")
+    yield rec if text is None else check_record_text(rec, text, "file")
 
 
 def _parquet_records(shard: Shard, text_field: str, id_field: str | None, keep: bool) -> Iterator[Record]:
