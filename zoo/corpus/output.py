@@ -57,7 +57,8 @@ class ShardWriter:
         self.fmt = fmt
         self._writer: Any = None
         self._schema: Any = None
-        self._file = open(self.tmp, "wb") if fmt == "jsonl" else None  # noqa: SIM115 (closed by commit/abort)
+        # (opened now, so that a shard in progress shows as its temporary file, named with the worker's pid)
+        self._file = open(self.tmp, "wb")  # noqa: SIM115 (closed by commit/abort)
 
     @staticmethod
     def row_with_columns(row: dict[str, Any], columns: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +80,7 @@ class ShardWriter:
             base = _schema()
             extra = pa.Table.from_pylist([{k: v for k, v in r.items() if k not in ROW_FIELDS} for r in rows])
             self._schema = pa.schema(list(base) + [f for f in extra.schema if f.name not in ROW_FIELDS])
-            self._writer = pq.ParquetWriter(self.tmp, self._schema)
+            self._writer = pq.ParquetWriter(self._file, self._schema)
         try:
             table = pa.Table.from_pylist(rows, schema=self._schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
@@ -88,22 +89,20 @@ class ShardWriter:
         self._writer.write_table(table)
 
     def commit(self) -> Path:
-        if self._file is not None:
-            self._file.close()
-        elif self._writer is not None:
+        if self._writer is not None:
             self._writer.close()
-        else:  # a shard with no records: an empty file with the schema
+        elif self.fmt == "parquet":  # a shard with no records: an empty file with the schema
             import pyarrow.parquet as pq
 
-            pq.write_table(_schema().empty_table(), self.tmp)
+            pq.write_table(_schema().empty_table(), self._file)
+        self._file.close()
         os.replace(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        elif self._writer is not None:
+        if self._writer is not None:
             self._writer.close()
+        self._file.close()
         self.tmp.unlink(missing_ok=True)
 
 
