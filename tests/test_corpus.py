@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -48,20 +47,20 @@ def read_rows(folder: Path) -> dict[str, dict]:
     return rows
 
 
-def assert_close(a: float | None, b: float | None) -> None:
+def assert_close(a: float | None, b: float | None, what: str = "") -> None:
     if a is None or b is None or not math.isfinite(b):
-        assert a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
+        assert a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b)), what
     else:
-        assert abs(a - b) <= REL * abs(b), (a, b)
+        assert abs(a - b) <= REL * abs(b), (what, a, b)
 
 
-def assert_same_scores(row: dict, res: dict) -> None:
+def assert_same_scores(row: dict, res: dict, what: str = "") -> None:
     """A row of the output against ``model.score(text).texts[0]``: every per-text field."""
     for k in SCORE_FIELDS:
         if k in ("nll", "avg_nll", "ppl", "bits_per_token", "bits_per_input_char"):
-            assert_close(row[k], res[k])
+            assert_close(row[k], res[k], f"{what} {k}")
         else:
-            assert row[k] == res.get(k), k
+            assert row[k] == res.get(k), f"{what} {k}"
 
 
 @pytest.fixture

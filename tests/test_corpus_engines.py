@@ -23,6 +23,7 @@ from tests.conftest import REPO
 from tests.test_corpus import assert_close, assert_same_scores, corpus_lines, read_rows, write_jsonl
 from zoo.corpus import score_corpus
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # (the workers' one thread: the same float sums)
 MODEL = "lstm-ptb-5m-long-light"  # a bundled word model: seconds per shard below, so a kill lands mid-job
 
 
@@ -60,14 +61,14 @@ def test_every_bundled_model_scores_documents_as_zoo_score(tmp_path):
 
     texts = corpus_lines(6, start=7) + ["the n't 's market <unk> N " * 60]
     src = write_jsonl(tmp_path / "docs.jsonl", [{"text": t, "doc": str(i)} for i, t in enumerate(texts)])
-    names = [n for n in catalog()["models"] if bundled_dir(n) is not None]
+    names = [n for n in catalog()["models"] if (bundled_dir() / n / "config.json").is_file()]
     assert {zoo.load(n).config["architecture"] for n in names} >= {"lstm", "alstm", "hyperlstm", "pnorm_gru"}
     for name in names:
         model = zoo.load(name)
         score_corpus(name, [str(src)], tmp_path / name, id_field="doc", workers=1, progress=False)
         rows = read_rows(tmp_path / name)
         for i, text in enumerate(texts):
-            assert_same_scores(rows[str(i)], model.score(text).texts[0])
+            assert_same_scores(rows[str(i)], model.score(text).texts[0], f"{name}, text {i}")
 
 
 def test_the_process_pool_writes_the_in_process_files(corpus, reference, tmp_path):

@@ -93,7 +93,7 @@ def find_shards(inputs: list[str]) -> list[Shard]:
         except (ImportError, ValueError) as e:
             raise UsageError(f"{given}: cannot open ({e})") from None
         proto = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        unstrip = (lambda p: p) if proto in ("file", "local") else (lambda p: fs.unstrip_protocol(p))
+        local = proto in ("file", "local")
         if any(c in path for c in "*?["):
             found = sorted(p for p in fs.glob(path) if fs.isfile(p))
         elif fs.isdir(path):
@@ -104,7 +104,7 @@ def find_shards(inputs: list[str]) -> list[Shard]:
             raise UsageError(f"{given}: no such file or folder")
         if not found:
             raise UsageError(f"{given}: no corpus files there (.jsonl, .parquet, .txt, optionally compressed)")
-        urls += [unstrip(p) for p in found]
+        urls += [p if local else fs.unstrip_protocol(p) for p in found]
     shards = [_shard(u) for u in dict.fromkeys(urls)]
     return shards
 
