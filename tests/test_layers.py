@@ -210,7 +210,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("scoring and generation", ("zoo.scoring", "zoo.dynamic", "zoo.generation", "zoo.adaptation")),
     ("backends, loading and training", ("zoo.export", "zoo.backends", "zoo.catalog", "zoo.hub", "zoo.pretrained",
                                         "zoo.model_cache", "zoo.hf", "zoo.training", "zoo")),
-    ("services", ("zoo.service", "zoo.corpus", "zoo.completions", "zoo.scheduler", "zoo.lm_eval_plugin", "zoo.lm_eval_tasks")),
+    ("services", ("zoo.service", "zoo.corpus", "zoo.completions", "zoo.scheduler", "zoo.lm_eval_plugin",
+                  "zoo.lm_eval_tasks")),
     ("command line", ("zoo.cli",)),
 ]
 
