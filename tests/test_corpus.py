@@ -104,7 +104,7 @@ def test_parquet_text_files_lines_globs_jsonl_output_and_kept_columns(tmp_path, 
     pq.write_table(pa.table({"body": texts[:6], "key": list(range(6))}), tmp_path / "in" / "p.parquet")
     (tmp_path / "in" / "doc.txt").write_text(texts[6] + "\n" + texts[7] + "\n", encoding="utf-8")
     (tmp_path / "in" / "notes.md").write_text("not a corpus file", encoding="utf-8")  # a folder's other files
-    summary = score_corpus(tiny_checkpoint, [str(tmp_path / "in" / "*.parquet")], tmp_path / "p",
+    summary = score_corpus(tiny_checkpoint, [f"file://{tmp_path}/in/*.parquet"], tmp_path / "p",  # (an fsspec URL)
                            text_field="body", id_field="key", keep_columns=True, format="jsonl", workers=1,
                            progress=False)
     rows = read_rows(tmp_path / "p")

@@ -101,6 +101,18 @@ def test_a_killed_job_rerun_finishes_only_the_missing_shards(corpus, reference, 
     assert not list(tmp_path.glob("*.tmp-*"))
 
 
+def test_the_command_refuses_bad_input_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    (tmp_path / "a.csv").write_text("x\n", encoding="utf-8")
+    for args, message in (([str(tmp_path / "missing.jsonl")], "no such file or folder"),
+                          ([str(tmp_path / "a.csv")], "not a corpus file"),
+                          ([str(tmp_path), "--workers", "0"], "--workers must be a positive integer")):
+        proc = subprocess.run([sys.executable, "-m", "zoo.cli", "score-corpus", MODEL, *args, "-o",
+                               str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+            proc.stderr
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """A real multi-node Ray cluster on loopback: a head and one worker node (a raylet each), one CPU each, small
