@@ -48,6 +48,11 @@ def score_corpus(model: str | os.PathLike, inputs: str | list[str], output: str 
     arguments after an interruption: finished shards are kept, the others done. Returns the summary.
     """
     _check_options(format, text_unit, workers, batch_size, cpus_per_worker, gpus_per_worker)
+    try:  # (the corpus extra's readers and writers: refused in one line where a plain install lacks them)
+        import fsspec  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError as e:
+        raise UsageError(f"scoring a corpus needs {e.name}: pip install 'alstm-zoo[corpus]'") from None
     inputs = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
     shards = find_shards([str(i) for i in inputs])
     names = [s.name for s in shards]
