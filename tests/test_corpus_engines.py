@@ -78,6 +78,21 @@ def test_the_process_pool_writes_the_in_process_files(corpus, reference, tmp_pat
     assert summary["errors"]["invalid_json"] == 1 and summary["scored"] == 600
 
 
+def test_a_pool_worker_killed_mid_shard_is_replaced_and_its_shard_done_once(corpus, reference, tmp_path):
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_first_worker_mid_shard, args=(tmp_path, killed, stop))
+    killer.start()
+    try:
+        summary = score_corpus(MODEL, [str(corpus)], tmp_path, id_field="doc", workers=2, progress=False)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "no worker was seen mid-shard"
+    assert summary["run"]["shards_scored"] == 4 and summary["documents"] == 601
+    assert shard_files(tmp_path) == shard_files(reference)
+
+
 def test_a_killed_job_rerun_finishes_only_the_missing_shards(corpus, reference, tmp_path):
     """``zoo score-corpus`` killed (SIGKILL) after its first shard; the same command again scores only the rest,
     and the files equal an uninterrupted run's."""
