@@ -12,6 +12,8 @@ OLAH_STAMP := $(OLAH_VENV)/.installed-stamp
 PORT ?= $(or $(GRADIO_SERVER_PORT),7860)
 # The library asks for torch>=2.4; the checkout pins one version (see the top of this file).
 TORCH_PIN := torch==2.13.0
+# The corpus extra's engines (zoo score-corpus on Ray Data, the datatrove blocks): the versions tested.
+CORPUS_PINS := ray==2.60.0 datatrove==0.10.1
 CONSTRAINTS := $(VENV)/constraints.txt
 # The checkout's folders, given to the library through the environment of this venv's interpreter (a .pth file):
 # the library itself assumes no repository layout. Also the lm_eval hook (`lm_eval --model zoo`): its module and
@@ -43,7 +45,7 @@ $(STAMP): pyproject.toml
 	@echo "zoo: [1/4] creating $(VENV)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip 'setuptools>=77'  # the tests build the wheel without isolation (pyproject's PEP 639 licence)
-	@echo "$(TORCH_PIN)" > $(CONSTRAINTS)
+	@printf '%s\n' $(TORCH_PIN) $(CORPUS_PINS) > $(CONSTRAINTS)
 	@echo "zoo: [2/4] installing $(TORCH_PIN) (the CPU build)"
 	@$(PY) -m pip install -q -c $(CONSTRAINTS) $(TORCH_PIN)
 	@echo "zoo: [3/4] installing the zoo and its extras (editable; a minute or more, silent)"

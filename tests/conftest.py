@@ -115,7 +115,7 @@ def _threads(tmp_path_factory):
 MODULE_TIERS: dict[str, str] = {
     **dict.fromkeys([  # (test_lint runs ruff: a Rust binary, a second or two)
         "test_adaptive_linear", "test_agreement", "test_alstm", "test_cards_bundle", "test_checkpoint", "test_cli",
-        "test_compat", "test_completions", "test_data", "test_device", "test_dynamic", "test_fast_paths",
+        "test_compat", "test_completions", "test_corpus", "test_data", "test_device", "test_dynamic", "test_fast_paths",
         "test_fused_loss", "test_generation", "test_handler", "test_hf", "test_hyper_graphs", "test_hyperlstm",
         "test_layers", "test_limits", "test_lint", "test_markers", "test_model_cache", "test_models_common",
         "test_pnorm_gru", "test_precision", "test_readme", "test_routes", "test_scheduler", "test_scoring",
@@ -123,7 +123,7 @@ MODULE_TIERS: dict[str, str] = {
         "test_toy_architecture", "test_toy_export_format"], "unit"),
     # (test_export, test_ferry: in-process, but their ONNX exports and training runs take minutes)
     **dict.fromkeys([
-        "test_app", "test_campaign", "test_docs", "test_export", "test_ferry", "test_lm_eval",
+        "test_app", "test_campaign", "test_corpus_engines", "test_docs", "test_export", "test_ferry", "test_lm_eval",
         "test_onnx_without_torch", "test_openai_api", "test_serving", "test_supervision", "test_train"], "system"),
     "test_browser": "browser",
     # issue 54 (what a newcomer sees): the docs, the offline routes, the API reference's strict build

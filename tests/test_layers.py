@@ -249,6 +249,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the wire", ("zoo.api",)),
     ("the harness: the model", ("zoo.lm_eval_plugin",)),
     ("the harness: its tasks", ("zoo.lm_eval_tasks",)),
+    ("corpus jobs", ("zoo.corpus",)),
     ("command line", ("zoo.cli",)),
 ]
 
@@ -268,6 +269,7 @@ PACKAGE_FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
                      ("trainer",), ("",)),
     "zoo.export": (("common", "formats"), ("onnx_graphs", "torchscript", "verify"), ("onnx_runtime",), ("",)),
     "zoo.hf": (("configuration", "stopping"), ("modeling",), ("tokenization",), ("pipeline",), ("",)),
+    "zoo.corpus": (("records", "output"), ("summary", "shard"), ("engines",), ("job", "datatrove_blocks"), ("",)),
     "zoo.api": (("http",), ("service",), ("native", "completions", "dialects"), ("scheduler",), ("",)),
     "zoo.tools.demo": (("guard", "render", "stats"), ("registry",), ("handlers",), ("ui",), ("launch",), ("",)),
     "zoo.tools.gpu": (("ferry",), ("runpack",), ("piece",), ("",)),

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from zoo.cli import build_ext, download, evaluate, export, generate, info, listing, score, train
+from zoo.cli import build_ext, download, evaluate, export, generate, info, listing, score, score_corpus, train
 from zoo.cli.parser import EXIT_USAGE, OneLineParser
 from zoo.errors import ZooError
 
@@ -25,8 +25,8 @@ __all__ = ["main", "build_parser", "EXIT_USAGE", "COMMANDS", "COMMANDS_GROUP", "
 #: Every sub-command of the library and the module of this package that defines it (``register(subparsers)``
 #: adds its sub-parser, ``run(args)`` runs it), in the order ``zoo --help`` lists them: the one listing of where
 #: each command lives, as huggingface_hub's ``hf.py`` keeps one.
-COMMANDS = {"list": listing, "info": info, "score": score, "generate": generate, "eval": evaluate,
-            "train": train, "download": download, "export": export, "build-ext": build_ext}
+COMMANDS = {"list": listing, "info": info, "score": score, "score-corpus": score_corpus, "generate": generate,
+            "eval": evaluate, "train": train, "download": download, "export": export, "build-ext": build_ext}
 #: Entry-point group of sub-commands contributed by other packages (``add(subparsers)`` functions).
 COMMANDS_GROUP = "alstm_zoo.commands"
 #: The checkout's commands and the module of each (checkout tooling, zoo.tools, not in the wheel: the

@@ -47,6 +47,7 @@ BENCHMARKS = [
     ("quantization.md", "int8 ONNX quantisation"),
     ("serving.md", "TorchServe under load"),
     ("request_cost.md", "Request cost: the largest requests the token budgets allow"),
+    ("corpus.md", "Scoring a corpus: `zoo score-corpus` with 1 and 2 workers, the model in-process, KenLM"),
     ("serving_fairness.md", "Serving fairness: honest clients beside a hostile one, through the front door"),
     ("front_door.md", "The front door's cost: HAProxy in front of TorchServe against TorchServe alone"),
     ("dynamic_eval.md", "Dynamic evaluation: tuned on PTB validation, measured once on test"),
