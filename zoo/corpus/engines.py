@@ -34,7 +34,7 @@ def load_model(spec: dict[str, Any], threads: int | None = None) -> Any:
     torch's intra-op threads in this process (one worker per core: 1)."""
     import torch
 
-    from zoo.pretrained import load
+    from zoo.zoo_model import load
 
     if threads:
         torch.set_num_threads(threads)

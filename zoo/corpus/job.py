@@ -61,7 +61,7 @@ def score_corpus(model: str | os.PathLike, inputs: str | list[str], output: str 
     spec = {"model": str(model), "backend": backend, "precision": precision, "revision": revision,
             "device": device}
     here = engines.load_model({**spec, "device": "cpu"})  # the driver's copy: its fingerprint and tokenizer
-    from zoo.pretrained import _weights_fingerprint
+    from zoo.zoo_model import _weights_fingerprint
 
     settings = {"text_field": text_field, "id_field": id_field, "text_unit": text_unit,
                 "keep_columns": keep_columns, "format": format, "batch_size": batch_size}
