@@ -255,13 +255,17 @@ def report_of(texts: list[str], encs: list[Any], logps: list[Tensor | None], tok
     return ScoreReport(results, aggregate(results, sum(e.num_chars for e in encs), tokenizer))
 
 
+#: The per-text counts that add up over texts (a corpus aggregate, a shard's sums): written once for every caller.
+COUNT_FIELDS = ("oov", "num_unk", "num_dropped", "num_visible_chars", "num_unseen_chars")
+
+
 def aggregate(results: list[dict[str, Any]], num_chars: int, tokenizer: Tokenizer) -> dict[str, Any]:
     """The token-weighted aggregate of per-text results (``num_chars``: the texts' raw characters), with its own
     warnings: a corpus's numbers are never the mean of per-text perplexities."""
     corpus = summarize(sum(r["nll"] for r in results), sum(r["num_tokens"] for r in results), num_chars,
                        sum(r["num_unseen_chars"] for r in results))
     corpus["num_texts"] = len(results)
-    for key in ("oov", "num_unk", "num_dropped", "num_visible_chars", "num_unseen_chars"):
+    for key in COUNT_FIELDS:
         corpus[key] = sum(r[key] for r in results)
     corpus["warnings"] = warnings_for(corpus, tokenizer)
     return corpus

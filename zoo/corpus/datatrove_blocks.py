@@ -22,8 +22,9 @@ from zoo.corpus.records import Record, check_record_text
 from zoo.corpus.shard import score_in_order
 
 #: The per-text fields of :class:`zoo.scoring.ScoreReport` put in the metadata (each as ``prefix + name``).
-METADATA_FIELDS = ("num_tokens", "nll", "avg_nll", "ppl", "bits_per_token", "bits_per_input_char", "oov", "num_unk",
-                   "num_dropped", "num_visible_chars", "warnings")
+METADATA_FIELDS = ("num_tokens", "nll", "avg_nll", "ppl", "bits_per_token", "bits_per_input_char",
+                   "bits_per_input_char_charged", "oov", "num_unk", "num_dropped", "num_visible_chars",
+                   "num_unseen_chars", "warnings")
 
 
 class _ZooScoring:

@@ -21,8 +21,8 @@ from zoo.errors import UsageError
 #: Per-document columns, in order: where the record came from, its error (if any), then exactly the per-text fields of
 #: :class:`zoo.scoring.ScoreReport` (``oov_items``/``dropped_items``: null where the library leaves them out).
 ROW_FIELDS = ("id", "source", "record", "error_kind", "error", "num_tokens", "nll", "avg_nll", "ppl",
-              "bits_per_token", "bits_per_input_char", "oov", "num_unk", "num_dropped", "num_visible_chars",
-              "warnings", "oov_items", "dropped_items")
+              "bits_per_token", "bits_per_input_char", "bits_per_input_char_charged", "oov", "num_unk", "num_dropped",
+              "num_visible_chars", "num_unseen_chars", "warnings", "oov_items", "dropped_items")
 SUFFIX = {"parquet": ".parquet", "jsonl": ".jsonl"}
 STATS_SUFFIX = ".stats.json"
 
@@ -33,9 +33,9 @@ def _schema():
     strs, ints, floats = pa.string(), pa.int64(), pa.float64()
     types = {"id": strs, "source": strs, "record": ints, "error_kind": strs, "error": strs, "num_tokens": ints,
              "nll": floats, "avg_nll": floats, "ppl": floats, "bits_per_token": floats,
-             "bits_per_input_char": floats, "oov": ints, "num_unk": ints, "num_dropped": ints,
-             "num_visible_chars": ints, "warnings": pa.list_(strs), "oov_items": pa.list_(strs),
-             "dropped_items": pa.list_(strs)}
+             "bits_per_input_char": floats, "bits_per_input_char_charged": floats, "oov": ints, "num_unk": ints,
+             "num_dropped": ints, "num_visible_chars": ints, "num_unseen_chars": ints, "warnings": pa.list_(strs),
+             "oov_items": pa.list_(strs), "dropped_items": pa.list_(strs)}
     return pa.schema([(k, types[k]) for k in ROW_FIELDS])
 
 
@@ -69,7 +69,7 @@ class ShardWriter:
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         if self.fmt == "jsonl":
-            from zoo.service import to_json
+            from zoo.api.http import to_json
 
             self._file.write(b"".join(to_json(r) + b"\n" for r in rows))
             return

@@ -19,12 +19,13 @@ from typing import Any
 
 from zoo.corpus.output import ROW_FIELDS, ShardWriter, atomic_write_text, stats_path
 from zoo.corpus.records import ERROR_KINDS, Record, Shard, read_records
+from zoo.scoring import COUNT_FIELDS
 
 #: Characters per call to ``model.score`` at least (sorted texts of similar length, in whole batches: a call cut
 #: mid-batch would leave a partial batch; measured on WikiText-2 lines, batches of fewer rows cost up to 2x per token).
 CALL_CHARS = 1 << 18
 #: The summed per-text fields that make a corpus aggregate (:func:`zoo.scoring.aggregate`).
-SUMS = ("nll", "num_tokens", "num_chars", "oov", "num_unk", "num_dropped", "num_visible_chars")
+SUMS = ("nll", "num_tokens", "num_chars", *COUNT_FIELDS)
 
 Progress = Callable[[int, int], None]  # (documents, tokens) just done
 

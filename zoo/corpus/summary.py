@@ -11,7 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 from zoo.corpus.records import ERROR_KINDS
-from zoo.scoring import aggregate
+from zoo.scoring import COUNT_FIELDS, aggregate
 
 
 class ProgressBar:
@@ -54,7 +54,7 @@ def corpus_aggregate(all_stats: list[dict[str, Any]], tokenizer: Any) -> dict[st
     """:func:`zoo.scoring.aggregate` over the shards' sums (shards in name order: the same float sums whatever
     engine or order ran them)."""
     ordered = sorted(all_stats, key=lambda s: s["shard"])
-    pseudo = [{k: s[k] for k in ("nll", "num_tokens", "oov", "num_unk", "num_dropped", "num_visible_chars")}
+    pseudo = [{k: s[k] for k in ("nll", "num_tokens", *COUNT_FIELDS)}
               for s in ordered]
     corpus = aggregate(pseudo, sum(s["num_chars"] for s in ordered), tokenizer)
     corpus["num_texts"] = sum(s["scored"] for s in ordered)
