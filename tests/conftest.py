@@ -44,6 +44,24 @@ def tiny_tokenizer() -> Tokenizer:
     return Tokenizer(list(WORDS), "ptb")
 
 
+#: Numbers computed on another machine (committed fixtures, recorded JSON) are compared with today's to these
+#: tolerances, never bit for bit: another CPU's BLAS kernels (another vector width: AVX2, AVX-512) sum in another
+#: order. Bit-identity holds on one CPU; every same-machine comparison in the suite stays exact.
+#: Scores (``test_compat.py``): the 7th digit moves (measured: 3.8e-7 relative at most); any change of the model's
+#: arithmetic moves a score by far more.
+CROSS_CPU_REL = 1e-6
+#: Training records (train and valid losses, perplexities) of a run that resumes a committed checkpoint
+#: (``test_train.py``'s pre-split run). Measured by ``tests/fixtures/pre_split_tolerance.py``, which perturbs that
+#: checkpoint: another CPU's rounding (1 to 16 ulps on every weight) moves the final epoch's records by 6.3e-9
+#: relative at most (seen on another machine: epoch 1 valid loss 3.708808955881331 vs 3.7088089572058784, 3.6e-10),
+#: a resume bug (a lost Adam state, a lost carried state, the data position off by one, the BPTT RNG not
+#: restored) by 1.2e-3 at least.
+CROSS_CPU_TRAINING_REL = 1e-5
+#: The same run's final weights, absolute (a relative bound means nothing for a weight near zero): another CPU's
+#: rounding moved them by 1.1e-6 at most, a resume bug by 2.2e-2 at least (the same script).
+CROSS_CPU_TRAINING_ABS = 1e-4
+
+
 #: A small PTB-style corpus written for the tests (lower case, ``<unk>``, ``N``; one sentence a line): for tests
 #: that need *some* text in the corpus format, not the real PTB (which may be absent, and is slow to read whole).
 CORPUS = REPO / "tests" / "fixtures" / "corpus"
