@@ -210,3 +210,32 @@ def pytest_collection_modifyitems(config, items):
         if item.path.parent.name != "tests" or item.path.stem not in MODULE_TIERS:
             continue
         item.add_marker(getattr(pytest.mark, tier_of(item)))
+
+
+# -- sharing the suite between the xdist workers ----------------------------------------------------------------
+#: Modules whose tests the xdist workers share out one by one (``--dist loadgroup``, the Makefile's): their
+#: module-scoped fixtures are cheap (a corpus copy, a tiny checkpoint; made once in each worker that runs them) and
+#: their tests independent of each other. Every other module is one unit of work, run whole in one worker with its
+#: server or demo started once (as ``--dist loadfile`` ran every module).
+SHARED_OUT_MODULES = frozenset({"test_train", "test_cli", "test_device"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own choice of scheduler
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadgroup``: a unit of work per module, and one per test of :data:`SHARED_OUT_MODULES`.
+
+    xdist hands out the units with the most tests first (``--loadscope-reorder``, its default), so these single
+    tests come last and fill both workers' ends: under ``loadfile`` the suite ended with the last long module alone
+    on one worker while the other was idle. (The groups are made here: xdist 3.8 groups ``xdist_group`` markers
+    by renaming node ids through an attribute that pytest 9 no longer reads, so under pytest 9.2 its
+    ``loadgroup`` spread every test, server modules too.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if Path(module).stem in SHARED_OUT_MODULES else module
+
+    return ModuleUnits(config, log)
