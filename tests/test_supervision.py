@@ -180,13 +180,14 @@ def test_overload_is_a_json_503_with_retry_after(tiny, tmp_path):
     """More requests at once than TorchServe's job queue holds (1 here): the ones that cannot be queued get a JSON
     503 with Retry-After and a message for the client, never TorchServe's "no worker ... scale workers API".
 
-    Full for certain, whatever the model's speed: the worker is stopped (SIGSTOP) while the requests arrive, so
-    TorchServe holds two of the eight at most (one in the stopped worker's batch of one, one in the queue) and
-    answers the others at once; the test resumes the worker once six answers are in."""
+    Full for certain, whatever the model's speed: the worker is stopped (SIGSTOP) while the requests arrive. The
+    front door lets as many requests through to TorchServe as its job queue holds (one) and answers the others 503
+    after a second in its own queue; the one let through cannot end while the worker is stopped, so at least six
+    of the eight are answered meanwhile, and the test then resumes the worker."""
     run_dir, ports = tmp_path / "run", free_ports(6, avoid=TORCHSERVE_DEFAULT_PORTS)
     cfg = _config(ports)
     cfg.job_queue_size = 1
-    start_server([("tiny", str(tiny))], run_dir, cfg, ArchiveOptions(batch_size=1), timeout=150)
+    start_server([("tiny", str(tiny))], run_dir, cfg, timeout=150)
     worker = psutil.Process(server_status(run_dir)["models"]["tiny"][0]["pid"])
     try:
         key = read_keys(run_dir)["inference"]
