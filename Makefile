@@ -88,10 +88,11 @@ demo: venv
 	@echo "zoo: starting the demo on http://127.0.0.1:$(PORT) (loading the bundled models first)"
 	@GRADIO_ANALYTICS_ENABLED=False HF_HUB_OFFLINE=1 $(PY) app.py --port $(PORT)
 
-# Two pytest-xdist workers, a test file each at a time (a module's server is started once, in one worker): on two
-# cores the subprocess- and server-bound tests wait more than they compute (a slice of the system tier: 248 s alone,
-# 129 s with -n 2). `make test XDIST=` runs the suite in one process.
-XDIST ?= -n 2 --dist loadfile
+# Two pytest-xdist workers: on two cores the subprocess- and server-bound tests wait more than they compute (a slice
+# of the system tier: 248 s alone, 129 s with -n 2). Each module runs whole in one worker (its server or demo
+# started once), except the modules tests/conftest.py shares out test by test (SHARED_OUT_MODULES: it makes the
+# groups of `--dist loadgroup`), which fill both workers' ends. `make test XDIST=` runs the suite in one process.
+XDIST ?= -n 2 --dist loadgroup
 test: venv olah system-deps
 	$(PY) -m pytest -q $(XDIST) --durations=25
 

@@ -44,6 +44,24 @@ def tiny_tokenizer() -> Tokenizer:
     return Tokenizer(list(WORDS), "ptb")
 
 
+#: Numbers computed on another machine (committed fixtures, recorded JSON) are compared with today's to these
+#: tolerances, never bit for bit: another CPU's BLAS kernels (another vector width: AVX2, AVX-512) sum in another
+#: order. Bit-identity holds on one CPU; every same-machine comparison in the suite stays exact.
+#: Scores (``test_compat.py``): the 7th digit moves (measured: 3.8e-7 relative at most); any change of the model's
+#: arithmetic moves a score by far more.
+CROSS_CPU_REL = 1e-6
+#: Training records (train and valid losses, perplexities) of a run that resumes a committed checkpoint
+#: (``test_train.py``'s pre-split run). Measured by ``tests/fixtures/pre_split_tolerance.py``, which perturbs that
+#: checkpoint: another CPU's rounding (1 to 16 ulps on every weight) moves the final epoch's records by 6.3e-9
+#: relative at most (seen on another machine: epoch 1 valid loss 3.708808955881331 vs 3.7088089572058784, 3.6e-10),
+#: a resume bug (a lost Adam state, a lost carried state, the data position off by one, the BPTT RNG not
+#: restored) by 1.2e-3 at least.
+CROSS_CPU_TRAINING_REL = 1e-5
+#: The same run's final weights, absolute (a relative bound means nothing for a weight near zero): another CPU's
+#: rounding moved them by 1.1e-6 at most, a resume bug by 2.2e-2 at least (the same script).
+CROSS_CPU_TRAINING_ABS = 1e-4
+
+
 #: A small PTB-style corpus written for the tests (lower case, ``<unk>``, ``N``; one sentence a line): for tests
 #: that need *some* text in the corpus format, not the real PTB (which may be absent, and is slow to read whole).
 CORPUS = REPO / "tests" / "fixtures" / "corpus"
@@ -199,3 +217,35 @@ def pytest_collection_modifyitems(config, items):
         if item.path.parent.name != "tests" or item.path.stem not in MODULE_TIERS:
             continue
         item.add_marker(getattr(pytest.mark, tier_of(item)))
+
+
+# -- sharing the suite between the xdist workers ----------------------------------------------------------------
+#: Modules whose tests the xdist workers share out one by one (``--dist loadgroup``, the Makefile's): their
+#: module-scoped fixtures are cheap (a corpus copy, a tiny checkpoint; made once in each worker that runs them) and
+#: their tests independent of each other. Every other module is one unit of work, run whole in one worker with its
+#: server or demo started once (as ``--dist loadfile`` ran every module). Measured on these three modules with
+#: ``-n 2`` (2 cores, load 4 to 6 from other work): loadfile 345 s, test_train alone on one worker for 332 s while
+#: the other was idle after 223 s; loadgroup 316 s, the workers ending 21 s apart. test_train is the suite's
+#: longest module (test_serving: 137 s alone; test_app: 61 s).
+SHARED_OUT_MODULES = frozenset({"test_train", "test_cli", "test_device"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own choice of scheduler
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadgroup``: a unit of work per module, and one per test of :data:`SHARED_OUT_MODULES`.
+
+    xdist hands out the units with the most tests first (``--loadscope-reorder``, its default), so these single
+    tests come last and fill both workers' ends: under ``loadfile`` the suite ended with the last long module alone
+    on one worker while the other was idle. (The groups are made here: xdist 3.8 groups ``xdist_group`` markers
+    by renaming node ids through an attribute that pytest 9 no longer reads, so under pytest 9.2 its
+    ``loadgroup`` spread every test, server modules too.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if Path(module).stem in SHARED_OUT_MODULES else module
+
+    return ModuleUnits(config, log)

@@ -1,9 +1,11 @@
 """The Gradio demo, driven through its public API with gradio_client against a real server on loopback.
 
 The app is launched once for the module over tiny checkpoints (an aLSTM, an LSTM and a HyperLSTM built
-with the real checkpoint code) plus whatever models are bundled, so it runs before any real model exists
-and exercises the real default once it is bundled. Every number the app returns is checked against the
-library computing the same thing in-process.
+with the real checkpoint code, and an LSTM whose scores wait for the test: the queue test's) plus whatever models
+are bundled, so it runs before any real model exists and exercises the real default once it is bundled. Every
+number the app returns is checked against the library computing the same thing in-process. Dynamic evaluation's
+statistics are collected only for the tests about them (a minute of CPU per bundled model otherwise, beside every
+other test).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,12 +29,15 @@ import torch
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
+import psutil  # noqa: E402
 
 import app  # noqa: E402
 import zoo  # noqa: E402
 from tests.conftest import REPO, TINY_ARCHS, WORDS, tiny_lm, tiny_tokenizer  # noqa: E402
 from zoo.adaptation import adaptation_trace, trace_text  # noqa: E402
 from zoo.checkpoint import save_checkpoint  # noqa: E402
+from zoo.models.lstm import LSTMStack  # noqa: E402
+from zoo.registry import ArchitectureSpec, register_architecture, unregister_architecture  # noqa: E402
 from zoo.tools.demo import handlers as demo_handlers  # noqa: E402
 from zoo.tools.demo import ui as demo_ui  # noqa: E402
 from zoo.tools.demo.registry import ModelRegistry, dynamic_stats_of  # noqa: E402
@@ -74,19 +80,72 @@ def model_root(tmp_path_factory) -> Path:
     return build_tiny_models(tmp_path_factory.mktemp("demo-models"))
 
 
+class Gate:
+    """Holds every sequence pass of the gated model from :meth:`close` until :meth:`open`: what a test sends it
+    runs until the test says so, however fast the machine (the queue test's two model slots stay taken)."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.opened.set()
+        self.waiting = threading.Semaphore(0)  # one release per pass held
+
+    def close(self) -> None:
+        self.opened.clear()
+
+    def open(self) -> None:
+        self.opened.set()
+
+    def hold(self) -> None:
+        if not self.opened.is_set():
+            self.waiting.release()
+            assert self.opened.wait(300), "the test never opened the gate"
+
+
+GATE = Gate()
+
+
+class GatedLSTMStack(LSTMStack):
+    """The LSTM, its sequence pass held at :data:`GATE` (scoring waits; generation's single steps do not)."""
+
+    def forward(self, x: torch.Tensor, state=None):
+        GATE.hold()
+        return super().forward(x, state)
+
+
 @pytest.fixture(scope="module")
-def served(model_root):
-    """(client, local_url, registry) of the app launched once for the module."""
-    stats = dynamic_stats_of(registry := ModelRegistry([model_root]))
+def gated_root(tmp_path_factory):
+    """A folder with ``gated-lstm``, of the architecture ``gated_lstm`` (registered for this module's tests)."""
+    register_architecture(ArchitectureSpec("gated_lstm", GatedLSTMStack, "LSTM held by the test", ("zaremba2014",)))
+    root = tmp_path_factory.mktemp("gated")
+    torch.manual_seed(0)
+    lm = zoo.LanguageModel(len(WORDS), "gated_lstm", {"hidden_size": 16, "num_layers": 1}, emb_size=8)
+    save_checkpoint(root / "gated-lstm", lm.eval(), tiny_tokenizer(), {"name": "gated-lstm", "dataset": "ptb"})
+    yield root
+    GATE.open()
+    unregister_architecture("gated_lstm")
+
+
+@pytest.fixture(scope="module")
+def launched(model_root, gated_root):
+    """``(demo, client, local_url)``: the app launched once for the module. Its statistics collector starts
+    nothing (the tests about dynamic evaluation ask for a model's: :meth:`DynamicStats.problem`)."""
+    registry = ModelRegistry([model_root, gated_root])
+    stats = DynamicStats([], [("tiny-alstm", str(model_root / "tiny-alstm"))])
     demo = demo_ui.build_demo(registry, stats)
     _, url, _ = app.launch(demo, port=free_port(), block=False)
-    assert stats.wait("tiny-alstm", 240)  # its statistics: refused at once (not PTB's vocabulary)
     client = gradio_client.Client(url, verbose=False)
     try:
-        yield client, url, app.ModelRegistry([model_root])
+        yield demo, client, url
     finally:
         client.close()
         demo.close()
+
+
+@pytest.fixture(scope="module")
+def served(launched, model_root):
+    """(client, local_url, registry) of the app launched once for the module (the registry is the tests' own)."""
+    _, client, url = launched
+    return client, url, app.ModelRegistry([model_root])
 
 
 def local(model_root: Path, name: str) -> ZooModel:
@@ -296,22 +355,6 @@ def test_catalogue_models_bundled_copies_only(monkeypatch, tmp_path, model_root)
     assert "An untrained test model" in registry.card("cat-alstm")
 
 
-def _wide_lstm(root: Path) -> Path:
-    """A one-layer LSTM wide enough that scoring a capped text takes a good fraction of a second on one core:
-    long enough for requests sent meanwhile to find its slot taken."""
-    torch.manual_seed(0)
-    lm = zoo.LanguageModel(len(WORDS), "lstm", {"hidden_size": 64, "num_layers": 1}, emb_size=8)
-    return save_checkpoint(root / "wide-lstm", lm.eval(), tiny_tokenizer(), {"name": "wide-lstm", "dataset": "ptb"})
-
-
-def _slow_lstm(root: Path) -> Path:
-    """A two-layer LSTM whose first layer is 1,024 wide (17 MB): scoring the demo's capped text takes seconds on
-    one core (6 s measured, 1.5 s for 100 lines), so the two model slots stay taken while later requests join."""
-    torch.manual_seed(0)
-    lm = zoo.LanguageModel(len(WORDS), "lstm", {"hidden_size": 1024, "num_layers": 2}, emb_size=8)
-    return save_checkpoint(root / "slow-lstm", lm.eval(), tiny_tokenizer(), {"name": "slow-lstm", "dataset": "ptb"})
-
-
 def _wait_for(jobs: list, want: dict, timeout: float = 60) -> None:
     """Poll the jobs' statuses (as their server reported them) until the counts in ``want`` are seen at once."""
     from gradio_client.utils import Status
@@ -327,41 +370,33 @@ def _wait_for(jobs: list, want: dict, timeout: float = 60) -> None:
     raise AssertionError(f"never saw {want}: last {codes}")
 
 
-def test_model_events_run_two_at_a_time_and_the_queue_refuses_the_seventeenth(tmp_path):
+def test_model_events_run_two_at_a_time_and_the_queue_refuses_the_seventeenth(served):
     """Through gradio_client against the real demo: of three long scores sent at once, two run and the third
     waits its turn (the two-slot pool of a 2-core machine); generations share that pool (they queue behind the
     scores); with 17 requests waiting, the 17th is refused at once with "Queue is full" and the other 16 are
-    answered. A trial counts only if the long scores were still running when every later request had been
-    answered by the queue (on a loaded machine the joins can outlast them: then the next trial scores more text)."""
-    _slow_lstm(tmp_path)
-    demo = app.build_demo([tmp_path])
-    _, url, _ = app.launch(demo, port=free_port(), block=False)
-    client = gradio_client.Client(url, verbose=False)
-    try:
-        for lines in (200, 425):   # 425 lines: the demo's 20,000-character cap
-            if _queue_trial(client, "the cat sat on the mat a dog ran to the zebra\n" * lines):
-                return
-        raise AssertionError("the long scores never outlasted the joins of 16 requests: no trial was conclusive")
-    finally:
-        client.close()
-        demo.close()
-
-
-def _queue_trial(client, long_text: str) -> bool:
-    """One trial of the queue test: False when it was inconclusive (a long score ended before the joins did)."""
+    answered. The long scores are the gated model's: they run until every later request has its answer from the
+    queue, and the test then lets them end (it raced a slow model before, retuned three times)."""
     from gradio_client.utils import QueueError, Status
 
-    long = [client.submit(long_text, "slow-lstm", app.NONE_CHOICE, api_name="/score") for _ in range(3)]
-    _wait_for(long, {"PROCESSING": 2, "IN_QUEUE": 1})
-    # the queue now holds the third score: 15 more fit, the 16th sent is the 17th waiting
-    short = [client.submit("the cat", "slow-lstm", app.NONE_CHOICE, api_name="/score") for _ in range(8)]
-    short += [client.submit("the", "slow-lstm", 2, 1.0, 0, 1.0, 0, False, True, api_name="/generate")
-              for _ in range(8)]
-    deadline = time.monotonic() + 60
-    while any(j.status().code in (Status.STARTING, Status.JOINING_QUEUE) for j in short):
-        assert time.monotonic() < deadline, [j.status().code for j in short]
-        time.sleep(0.005)
-    conclusive = not any(job.done() for job in long)
+    client, _, _ = served
+    long_text = "the cat sat on the mat a dog ran to the zebra\n" * 200
+    GATE.close()
+    try:
+        long = [client.submit(long_text, "gated-lstm", app.NONE_CHOICE, api_name="/score") for _ in range(3)]
+        for _ in range(2):  # two scores are in the model, held
+            assert GATE.waiting.acquire(timeout=60), "the long scores never reached the model"
+        _wait_for(long, {"PROCESSING": 2, "IN_QUEUE": 1})
+        # the queue now holds the third score: 15 more fit, the 16th sent is the 17th waiting
+        short = [client.submit("the cat", "gated-lstm", app.NONE_CHOICE, api_name="/score") for _ in range(8)]
+        short += [client.submit("the", "gated-lstm", 2, 1.0, 0, 1.0, 0, False, True, api_name="/generate")
+                  for _ in range(8)]
+        deadline = time.monotonic() + 60
+        while any(j.status().code in (Status.STARTING, Status.JOINING_QUEUE) for j in short):
+            assert time.monotonic() < deadline, [j.status().code for j in short]
+            time.sleep(0.005)
+        assert not any(job.done() for job in long)
+    finally:
+        GATE.open()
     outcomes = []
     for job in short:
         try:
@@ -369,13 +404,10 @@ def _queue_trial(client, long_text: str) -> bool:
         except QueueError:
             outcomes.append("refused")
     assert all(job.result(timeout=120)[0]["models"][0]["num_tokens"] > 1000 for job in long)
-    if not conclusive:
-        return False
     assert outcomes.count("refused") == 1, outcomes
     scores, texts = outcomes[:8], outcomes[8:]
     assert all(o[0]["models"][0]["num_tokens"] == 3 for o in scores if o != "refused"), scores
     assert all(len(o.split()) == 2 for o in texts if o != "refused"), texts  # two new tokens each
-    return True
 
 
 def test_validators_directly(model_root):
@@ -456,8 +488,9 @@ def test_python_app_py_honours_gradio_server_port(model_root):
             except OSError:
                 time.sleep(0.5)
         assert '"/score"' in body and '"/generate"' in body, proc.poll()
+        children = psutil.Process(proc.pid).children(recursive=True)  # the statistics' collector
     finally:
-        proc.terminate()
+        proc.terminate()  # as a supervisor stops it
         try:
             out = proc.communicate(timeout=15)[0].decode()
         except subprocess.TimeoutExpired:
@@ -465,11 +498,16 @@ def test_python_app_py_honours_gradio_server_port(model_root):
             out = proc.communicate(timeout=5)[0].decode()
     # what `make demo` shows: our own progress and address, not Gradio's share=True hint
     assert f"app.py: serving the demo on http://127.0.0.1:{port}" in out and "share=True" not in out, out
+    # and its child process ends with it (it went on alone, a minute of CPU per model)
+    alive = psutil.wait_procs(children, timeout=15)[1]
+    for child in alive:  # (stopped here if not)
+        child.kill()
+    assert children and not alive, alive
 
 
-def test_adaptation_tab_offers_adaptive_models_only(model_root):
-    registry = ModelRegistry([str(model_root)])
-    demo = demo_ui.build_demo(registry)
+def test_adaptation_tab_offers_adaptive_models_only(launched):
+    demo = launched[0]
+    registry = demo.registry
     (drop,) = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "adapt-model"]
     offered = {value for _, value in drop.choices}
     assert "tiny-alstm" in offered and "tiny-lstm" not in offered
@@ -575,11 +613,14 @@ def test_unknown_api_endpoint_is_404_and_the_app_stays_up(served):
     assert report["models"][0]["num_tokens"] == 3
 
 
-def test_dynamic_option_without_training_data_is_a_readable_error(served):
+def test_dynamic_option_without_training_data_is_a_readable_error(served, launched):
     """The Score tab's dynamic-evaluation button goes through the service core; a model whose training split is not
     in the data dir (these tiny models' vocabulary is not PTB's) gets a one-line error naming the model, and the
     app stays up (the core's positive path: tests/test_service.py)."""
     client, _, _ = served
+    stats = launched[0].stats
+    stats.problem("tiny-alstm")  # the first ask starts its collection
+    assert stats.wait("tiny-alstm", 240)  # refused at once (not PTB's vocabulary)
     with pytest.raises(Exception, match="tiny-alstm: dynamic evaluation with rule 'rms' needs the model's training"):
         client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, api_name="/score_dynamic")
     report, _, _ = client.predict(TEXT, "tiny-alstm", app.NONE_CHOICE, api_name="/score")
@@ -643,8 +684,10 @@ def test_a_plain_score_is_not_held_up_by_dynamic_evaluation(tmp_path):
     torch.manual_seed(0)
     save_checkpoint(tmp_path / "tiny-sgd", tiny_lm("alstm").eval(), tok,
                     {"name": "tiny-sgd", "dataset": "ptb", "dynamic_eval": {"rule": "sgd"}})
-    stats = dynamic_stats_of(registry := ModelRegistry([tmp_path]))
-    demo = demo_ui.build_demo(registry, stats)
+    # the statistics of this model only (the default model's would keep a core busy for a minute beside what is
+    # timed here)
+    stats = DynamicStats([("tiny-sgd", str(tmp_path / "tiny-sgd"))])
+    demo = demo_ui.build_demo(ModelRegistry([tmp_path]), stats)
     _, url, _ = app.launch(demo, port=free_port(), block=False)
     try:
         # (the statistics' child process starts torch and reads the corpus: seconds alone, over a minute beside

@@ -13,13 +13,10 @@ from pathlib import Path
 import pytest
 
 import zoo
+from tests.conftest import CROSS_CPU_REL  # the scores were recorded on another CPU
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 OLD_SCORES = json.loads((FIXTURES / "old-checkpoints" / "scores.json").read_text())
-#: Scores were recorded on an AVX-512 CPU; on another vector ISA (the AVX2 CI machine) the BLAS kernels sum in a
-#: different order and the 7th digit moves (measured: 3.8e-7 relative at most). Bit-identity holds on one CPU;
-#: any change of the model's arithmetic moves a score by far more than this.
-CROSS_CPU_REL = 1e-6
 
 
 def test_old_checkpoint_loads_and_scores_the_same_numbers():

@@ -27,6 +27,9 @@ from zoo.errors import DeviceError, ZooError
 HAS_CUDA = torch.cuda.is_available()
 NO_CUDA = pytest.mark.skipif(HAS_CUDA, reason="checks the refusal of CUDA on a machine without it")
 NEEDS_CUDA = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (run on the device tool's machine)")
+#: The devices the placement checks run on: the CPU everywhere, CUDA where there is one (skipped, saying so,
+#: elsewhere).
+DEVICES = ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)]
 TEXTS = ["the cat sat on the mat", "a dog ran\nthe mat"]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
 
@@ -92,14 +95,19 @@ def test_gpu_counts():
 
 # -- the library on the CPU: same placement, bit-identical numbers ----------------------------------------------
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """A tiny checkpoint loaded twice: by default and with ``device="cpu"``."""
+def tiny_path(tmp_path_factory) -> Path:
+    """A tiny aLSTM checkpoint."""
     from tests.conftest import tiny_lm, tiny_tokenizer
     from zoo.checkpoint import save_checkpoint
 
-    path = save_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", tiny_lm("alstm", init_range=1.0).eval(),
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", tiny_lm("alstm", init_range=1.0).eval(),
                            tiny_tokenizer(), {"name": "tiny", "dataset": "ptb"})
-    return zoo.load(path), zoo.load(path, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_path):
+    """The tiny checkpoint loaded twice: by default and with ``device="cpu"``."""
+    return zoo.load(tiny_path), zoo.load(tiny_path, device="cpu")
 
 
 @contextlib.contextmanager
@@ -138,8 +146,12 @@ def test_device_cpu_is_the_default_bit_for_bit(pair):
 
 
 @pytest.mark.usefixtures("tiny_data")
-def test_every_entry_point_feeds_the_model_on_its_device(pair):
-    _, model = pair
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_entry_point_feeds_the_model_on_its_device(tiny_path, device):
+    """Scoring (plain and dynamic), generation, the adaptation trace and corpus evaluation hand the model tensors
+    on the device it was loaded on, and nothing else: on every device this machine has."""
+    model = zoo.load(tiny_path, device=device)
+    assert model.device.type == device
     with inputs_seen(model) as seen:
         model.score(TEXTS)
         model.score(TEXTS[0], dynamic={"rule": "sgd", "lr": 0.01})

@@ -18,7 +18,7 @@ from tests.test_serving import _random_tiny_checkpoint
 from zoo.cli import main as cli_main
 from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports, port_free
 from zoo.tools.serve import supervise
-from zoo.tools.serve.config import ServerConfig
+from zoo.tools.serve.config import ArchiveOptions, ServerConfig
 from zoo.tools.serve.health import server_status
 from zoo.tools.serve.keys import read_keys
 from zoo.tools.serve.launch import java_version
@@ -131,11 +131,17 @@ def test_a_killed_part_is_named_and_stop_frees_every_port(part, tiny, tmp_path, 
 
 def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
     """A worker killed mid-stream under load: the stream is cut (an incomplete chunked body), TorchServe restarts
-    the worker, and meanwhile status never reports the dead PID as READY."""
+    the worker, and meanwhile status never reports the dead PID as READY.
+
+    Mid-stream for certain, whatever the model's speed: with ``gen_slice_ms=0`` each handler call takes one
+    generation step, so a 512-token stream needs 512 calls, each a round trip through the frontend; the test stops
+    the worker (SIGSTOP) as soon as the first token is in, before the load starts, and kills it stopped. (The tiny
+    model used to finish its 512 tokens in the half second the load took to start.)"""
     run_dir, ports = tmp_path / "run", free_ports(6, avoid=TORCHSERVE_DEFAULT_PORTS)
-    start_server([("tiny", str(tiny))], run_dir, _config(ports), timeout=150)
+    start_server([("tiny", str(tiny))], run_dir, _config(ports), ArchiveOptions(gen_slice_ms=0), timeout=150)
     try:
         old = server_status(run_dir)["models"]["tiny"][0]["pid"]
+        worker = psutil.Process(old)
         key = read_keys(run_dir)["inference"]
         url = f"http://127.0.0.1:{ports[0]}/predictions/tiny"
         # a streamed reply under way when the worker dies is cut: its chunked body never ends, so the client's
@@ -146,11 +152,12 @@ def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
         assert stream.status_code == 200
         lines = stream.iter_lines()
         assert json.loads(next(lines))["text"] is not None
+        worker.suspend()  # one step of 512 taken: the stream's job stays in progress while the load starts
         with Load(url, key) as load:
-            psutil.Process(old).kill()
+            worker.kill()
             with pytest.raises(requests.exceptions.ChunkedEncodingError):
                 rest = [json.loads(line) for line in lines if line]
-                pytest.fail(f"the stream ended cleanly after the worker died: {rest[-1:]}")
+                pytest.fail(f"the stream ended cleanly after the worker died: {len(rest)} more lines, {rest[-1:]}")
             time.sleep(1)
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
@@ -171,26 +178,38 @@ def test_a_killed_worker_is_reported_until_it_is_back(tiny, tmp_path, capsys):
 
 def test_overload_is_a_json_503_with_retry_after(tiny, tmp_path):
     """More requests at once than TorchServe's job queue holds (1 here): the ones that cannot be queued get a JSON
-    503 with Retry-After and a message for the client, never TorchServe's "no worker ... scale workers API"."""
+    503 with Retry-After and a message for the client, never TorchServe's "no worker ... scale workers API".
+
+    Full for certain, whatever the model's speed: the worker is stopped (SIGSTOP) while the requests arrive. The
+    front door lets as many requests through to TorchServe as its job queue holds (one) and answers the others 503
+    after a second in its own queue; the one let through cannot end while the worker is stopped, so at least six
+    of the eight are answered meanwhile, and the test then resumes the worker."""
     run_dir, ports = tmp_path / "run", free_ports(6, avoid=TORCHSERVE_DEFAULT_PORTS)
     cfg = _config(ports)
     cfg.job_queue_size = 1
     start_server([("tiny", str(tiny))], run_dir, cfg, timeout=150)
+    worker = psutil.Process(server_status(run_dir)["models"]["tiny"][0]["pid"])
     try:
         key = read_keys(run_dir)["inference"]
         body = {"task": "generate", "prompt": "the", "max_new_tokens": 512, "stop_at_eos": False}
-        barrier = threading.Barrier(8)
 
         def send(seed: int) -> requests.Response:
-            barrier.wait(timeout=30)
             return requests.post(f"http://127.0.0.1:{ports[0]}/predictions/tiny", json={**body, "seed": seed},
                                  headers={"Authorization": f"Bearer {key}"}, timeout=60,
                                  proxies={"http": "", "https": ""})
 
-        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import ThreadPoolExecutor, as_completed
 
+        worker.suspend()
         with ThreadPoolExecutor(8) as pool:
-            replies = list(pool.map(send, range(8)))
+            futures = [pool.submit(send, seed) for seed in range(8)]
+            try:
+                for answered, _ in enumerate(as_completed(futures, timeout=60), 1):
+                    if answered == 6:  # the other two wait for the worker
+                        break
+            finally:
+                worker.resume()
+            replies = [f.result() for f in futures]
         codes = sorted(r.status_code for r in replies)
         assert 200 in codes and 503 in codes and set(codes) <= {200, 503}, codes
         for r in replies:
@@ -199,4 +218,6 @@ def test_overload_is_a_json_503_with_retry_after(tiny, tmp_path):
                 assert err["code"] == 503 and "retry" in err["message"].lower() and r.headers["Retry-After"] == "1"
                 assert "scale workers" not in r.text
     finally:
+        if worker.is_running() and worker.status() == psutil.STATUS_STOPPED:
+            worker.resume()
         stop_server(run_dir)

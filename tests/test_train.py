@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import synthetic_corpus
+from tests.conftest import CROSS_CPU_TRAINING_ABS, CROSS_CPU_TRAINING_REL, synthetic_corpus
 from zoo.tools.ports import free_port
 from zoo.training import Recipe, Trainer
 
@@ -118,13 +118,14 @@ def test_training_run_end_to_end_on_cuda(tmp_path, tiny_data, arch, precision):
     assert abs(result["release"]["test_ppl_change"]) < 0.01
 
 
-def assert_same_weights(a: Path, b: Path) -> dict[str, torch.Tensor]:
-    """The two runs' last checkpoints hold bit-identical model weights; returns ``b``'s checkpoint tensors."""
+def assert_same_weights(a: Path, b: Path, atol: float = 0.0) -> dict[str, torch.Tensor]:
+    """The two runs' last checkpoints hold bit-identical model weights (``atol``: only where one of them continues
+    a checkpoint another machine computed); returns ``b``'s checkpoint tensors."""
     wa = load_file(str(a / "checkpoint" / "state.safetensors"))
     wb = load_file(str(b / "checkpoint" / "state.safetensors"))
     for k in wa:
         if k.startswith("model."):
-            torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
+            torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=atol, msg=k)
     return wb
 
 
@@ -702,8 +703,10 @@ def test_a_checkpoint_written_before_the_training_split_resumes_exactly(tmp_path
     """A run stopped mid-epoch by the code before ``zoo/train.py`` became ``zoo.training`` (commit 0d0c6a6,
     ``tests/fixtures/make_pre_split_run.py``) resumes where it stopped (epoch, data position, step), its log goes on
     after the old lines, and it ends with the weights and epoch records of an uninterrupted run of today's code,
-    and with the old code's uninterrupted epoch records (bit for bit on the AMD EPYC machine that wrote them; 1e-3
-    allowed, as a CPU with other vector widths rounds the BLAS kernels differently and training carries that on)."""
+    and with the old code's uninterrupted epoch records. The fixture's numbers were computed on the AMD EPYC machine
+    that wrote them (bit for bit the same there): every comparison with them is to ``CROSS_CPU_TRAINING_REL`` /
+    ``_ABS`` (``tests/conftest.py``: another CPU's BLAS kernels round differently and training carries that on; a
+    resume bug moves these numbers a hundred times further)."""
     import shutil
 
     expected = json.loads((PRE_SPLIT / "expected.json").read_text())
@@ -723,15 +726,16 @@ def test_a_checkpoint_written_before_the_training_split_resumes_exactly(tmp_path
     assert [r["epoch"] for r in epochs] == [1, 2] and all(math.isfinite(r["train_loss"]) for r in epochs)
     final = json.loads((tmp_path / "run" / "checkpoint" / "meta.json").read_text())
     assert final["step"] == expected["final_step"] > expected["stop_step"]
-    assert_same_weights(tmp_path / "whole", tmp_path / "run")
+    assert_same_weights(tmp_path / "whole", tmp_path / "run", atol=CROSS_CPU_TRAINING_ABS)
     whole_epochs = [r for r in map(json.loads, (tmp_path / "whole" / "log.jsonl").read_text().splitlines())
                     if "valid_ppl" in r]
-    keys = ("epoch", "train_loss", "valid_loss", "valid_ppl")
-    assert [[r[k] for k in keys] for r in epochs] == [[r[k] for k in keys] for r in whole_epochs]
-    for got, old in zip(epochs, expected["epochs"], strict=True):
-        assert got["epoch"] == old["epoch"]
-        assert [got[k] for k in keys[1:]] == pytest.approx([old[k] for k in keys[1:]], rel=1e-3)
-    assert resumed["test"]["ppl"] == whole["test"]["ppl"] and resumed["epochs_trained"] == 2
+    keys = ("train_loss", "valid_loss", "valid_ppl")
+    for reference in (whole_epochs, expected["epochs"]):  # today's uninterrupted run, the old code's
+        assert [r["epoch"] for r in reference] == [1, 2]
+        for got, ref in zip(epochs, reference, strict=True):
+            assert [got[k] for k in keys] == pytest.approx([ref[k] for k in keys], rel=CROSS_CPU_TRAINING_REL, abs=0)
+    assert resumed["test"]["ppl"] == pytest.approx(whole["test"]["ppl"], rel=CROSS_CPU_TRAINING_REL, abs=0)
+    assert resumed["epochs_trained"] == 2
 
 
 def test_callbacks_see_every_step_and_may_ask_for_a_checkpoint(tmp_path, kill_data):
