@@ -387,6 +387,62 @@ def test_hung_up_requests_cost_nothing(server):
     assert _removed_jobs(server) - removed >= 40, _removed_jobs(server) - removed
 
 
+def _forwarded(server: Server) -> int:
+    """How many requests reached TorchServe (its access log has one line per request)."""
+    log = server.run_dir / "logs" / "access_log.log"
+    return log.read_text(errors="replace").count("/predictions/") if log.exists() else 0
+
+
+def _front_door_refusals(server: Server) -> list[tuple[str, bytes]]:
+    """Requests the front door refuses by itself, as raw bytes: (what, request)."""
+    text = ("the cat " * LIMITS["max_chars"]).encode()  # 4x the character cap: over it by its bytes alone
+    v1 = "/v1/completions"
+    return [("xml", _raw_request(server, b"<a/>", content_type="application/xml")),
+            ("two types", _raw_request(server, b"{}", extra="Content-Type: text/plain\r\n")),
+            ("text over the cap", _raw_request(server, text, content_type="text/plain")),
+            ("not an object", _raw_request(server, b"[1, 2]")),
+            ("malformed", _raw_request(server, b"\x00" * 60_000)),
+            ("unknown task", _raw_request(server, b'{"task": "train", "texts": ["a"]}')),
+            ("numeric task", _raw_request(server, b'{"task": 7}')),
+            ("v1 text", _raw_request(server, b'{"model": "x"}', path=v1, content_type="text/plain"))]
+
+
+def test_what_needs_no_model_is_refused_at_the_front_door_without_waiting(server):
+    """Refusals cheap and early: a wrong content type, a body over every budget by its bytes alone, a JSON body
+    that is not an object, an unknown task are refused by the front door (JSON, the route's shape) and never reach
+    TorchServe; so while a client loops the largest request, a refusal's p50 stays under half of an honest
+    score's p50 alone (it never waits behind model work). A list or object ``task`` reaches the worker and is
+    named by its type, not echoed whole (a 900 KB reply before)."""
+    cases = _front_door_refusals(server)
+    before = _forwarded(server)
+    for what, request in cases:
+        seconds, got = _raw_exchange(server, request, wait=10)
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.split(b" ")[1][:1] == b"4", (what, got[:300])
+        reply = json.loads(body)
+        assert reply.get("code", reply.get("error", {}).get("message")) is not None, (what, reply)
+    r = server.post({"task": ["x"] * 10_000})
+    assert r.status_code == 400 and r.json()["field"] == "task" and len(r.content) < 300, r.text[:300]
+    time.sleep(1)  # (TorchServe's access log is written asynchronously)
+    assert _forwarded(server) == before + 1, (before, _forwarded(server))  # the list task alone went on
+    alone, _ = _honest_latencies(server, 3)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            server.post(_largest_score_request(server))
+
+    looper = threading.Thread(target=loop, daemon=True)
+    looper.start()
+    try:
+        time.sleep(0.5)
+        refused = [_raw_exchange(server, cases[i % len(cases)][1], wait=10)[0] for i in range(40)]
+    finally:
+        stop.set()
+        looper.join(timeout=HTTP_TIMEOUT)
+    assert _p50(refused) < 0.5 * _p50(alone), (_p50(refused), _p50(alone))
+
+
 def test_a_client_looping_the_largest_request_leaves_honest_clients_served(server):
     """Fair scheduling: one client loops the largest score request the limits allow (its texts at the character
     cap, up to the token budget) beside 4 honest clients scoring one sentence each. Before, one such request held

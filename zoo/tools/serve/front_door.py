@@ -86,11 +86,41 @@ def both_shapes(code: int, message: str) -> dict[str, Any]:
     return {**zoo_error(code, message), **openai_error(code, message, kind=REASONS[code].lower().replace(" ", "_"))}
 
 
-def _bodies(cfg: Any) -> dict[str, dict[str, Any]]:
+#: bytes per character a valid body can spend at most: UTF-8 text (4), a JSON string (12: an astral character
+#: escaped as a surrogate pair, ``\\ud83d\\ude00``)
+TEXT_BYTES_PER_CHAR, JSON_BYTES_PER_CHAR = 4, 12
+#: room in a JSON body for everything but the texts: field names, numbers, white space, stop sequences
+JSON_SLACK_BYTES = 16 * 1024
+
+
+def body_caps(cfg: Any, limits: Any | None) -> dict[str, int]:
+    """The largest body a valid request can have, by kind (``text``: a ``text/plain`` body, one text; ``json``: a
+    JSON body on either route), from the archive's character limits: a body over it is over every budget by its
+    byte count alone, so the front door refuses it (413) without TorchServe or the worker. Without the limits (a
+    server started from archives it did not build) only ``max_request_bytes``."""
+    most = cfg.max_request_bytes
+    if limits is None:
+        return {"text": most, "json": most}
+    text = TEXT_BYTES_PER_CHAR * limits.max_chars + 1024
+    json_ = JSON_BYTES_PER_CHAR * limits.max_total_chars + 16 * limits.max_texts + JSON_SLACK_BYTES
+    return {"text": min(most, text), "json": min(most, json_)}
+
+
+def _bodies(cfg: Any, caps: dict[str, int]) -> dict[str, dict[str, Any]]:
     """Every body the routes answer with, by file name (``<status>[-<what>].json``)."""
     limit = cfg.max_request_bytes
     busy = BUSY
     return {
+        "413-text.json": zoo_error(413, f"a text/plain body is one text; over {caps['text']:,} bytes it is over "
+                                        "the character limit", field="body"),
+        "413-json.json": zoo_error(413, f"a JSON body over {caps['json']:,} bytes is over the character limits",
+                                   field="body"),
+        "413-v1-json.json": openai_error(413, f"a JSON body over {caps['json']:,} bytes is over the character "
+                                              "limits", kind="request_too_large"),
+        "400-type.json": zoo_error(400, "unsupported content type; send application/json or text/plain (one "
+                                        "Content-Type header)", field="Content-Type"),
+        "400-object.json": zoo_error(400, "a JSON body must be a JSON object ({\"task\": ..., ...})", field="body"),
+        "400-task.json": zoo_error(400, "unknown task; use 'score' or 'generate'", field="task"),
         "413.json": both_shapes(413, f"request body over {limit} bytes"),
         "414.json": both_shapes(414, "request target too long"),
         "431.json": both_shapes(431, "request headers too large"),
@@ -239,13 +269,15 @@ def _connections(wanted: int) -> int:
 
 # -- the config --------------------------------------------------------------------------------------------------
 def render(cfg: Any, front: Path, sock_dir: Path, checkpoints: dict[str, Path], response_timeout: int,
-           backend: str, ts_auth: bool) -> Path:
+           backend: str, ts_auth: bool, limits: Any | None = None) -> Path:
     """All the proxy's files in ``front`` (made afresh); returns its config. ``backend``: TorchServe's inference
     address as HAProxy names it (``unix@/path`` or ``host:port``). ``sock_dir`` (private, short, no spaces: its
-    paths go unquoted into sample expressions) holds the sockets and the key maps."""
+    paths go unquoted into sample expressions) holds the sockets and the key maps. ``limits``: the archives'
+    request limits (:class:`~zoo.tools.serve.config.ArchiveOptions`), for :func:`body_caps`."""
     shutil.rmtree(front, ignore_errors=True)
     front.mkdir(parents=True, mode=0o700)
-    for name, body in _bodies(cfg).items():
+    caps = body_caps(cfg, limits)
+    for name, body in _bodies(cfg, caps).items():
         (front / name).write_text(json.dumps(body) + "\n", encoding="utf-8")
     _lua(front)
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
@@ -275,6 +307,7 @@ def render(cfg: Any, front: Path, sock_dir: Path, checkpoints: dict[str, Path], 
         client_timeout=cfg.client_timeout, send_timeout=3 * cfg.client_timeout,
         upstream_timeout=response_timeout + 10, bufsize=bufsize, head_max=bufsize - 1024,
         max_request_bytes=cfg.max_request_bytes, max_uri=8192, max_headers=16384,
+        max_text_bytes=caps["text"], max_json_bytes=caps["json"],
         maxconn=maxconn, global_maxconn=2 * maxconn + 100,
         backend_maxconn=cfg.job_queue_size, retry_after=RETRY_AFTER_S,
         model_names=" ".join(cfg.models), head_regex=HEAD_REGEX, errorfiles=_error_files(front),

@@ -23,6 +23,7 @@ from zoo.tools.serve.config import (
     KEY_FILE,
     MAIN_CLASS,
     SERVING_DIR,
+    ArchiveOptions,
     ServeError,
     ServerConfig,
     resolve_checkpoint,
@@ -147,8 +148,9 @@ def launch_torchserve(cfg: ServerConfig, run_dir: Path, tmp: Path, response_time
 
 
 def start_front_door(cfg: ServerConfig, run_dir: Path, tmp: Path, logs: Path, response_timeout: int, proc,
-                     timeout: float) -> subprocess.Popen:
-    """HAProxy on the public inference address, forwarding to TorchServe's inference socket."""
+                     timeout: float, limits: ArchiveOptions | None = None) -> subprocess.Popen:
+    """HAProxy on the public inference address, forwarding to TorchServe's inference socket (``limits``: the
+    archives' request limits, where this start built them: the front door refuses bodies over them by size)."""
     ts_auth = not cfg.disable_token_auth
     if ts_auth:
         ts_keys = wait_ts_keys(run_dir, cfg, proc, timeout)
@@ -156,7 +158,7 @@ def start_front_door(cfg: ServerConfig, run_dir: Path, tmp: Path, logs: Path, re
         write_client_keys(run_dir, tmp, cfg, ts_keys)
     checkpoints = {name: resolve_checkpoint(source) for name, source in cfg.models.items()}
     conf = front_door.render(cfg, run_dir / "front", tmp, checkpoints, response_timeout,
-                             f"unix@{tmp / 'inference.sock'}", ts_auth)
+                             f"unix@{tmp / 'inference.sock'}", ts_auth, limits)
     for name in ("http.sock", "admin.sock"):
         (tmp / name).unlink(missing_ok=True)
     with open(logs / "front.log", "ab") as out:
