@@ -44,7 +44,7 @@ def _finish(sched: Scheduler, keys: list[str]) -> dict[str, int]:
 
 def test_scores_in_steps_equal_the_python_api_for_long_and_short_texts_mixed(service):
     sched = Scheduler(service, step_tokens=16)
-    requests = {"long": parse_request({"texts": [LONG, SHORT, LONG[:300]], "return_tokens": True}, LIMITS),
+    requests = {"long": parse_request({"texts": [LONG[:2400], SHORT, LONG[:300]], "return_tokens": True}, LIMITS),
                 "short": parse_request({"text": SHORT}, LIMITS)}
     for key, req in requests.items():
         sched.admit(key, req)
