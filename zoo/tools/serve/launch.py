@@ -163,4 +163,5 @@ def start_front_door(cfg: ServerConfig, run_dir: Path, tmp: Path, logs: Path, re
         (tmp / name).unlink(missing_ok=True)
     with open(logs / "front.log", "ab") as out:
         return subprocess.Popen([front_door.haproxy(), "-db", "-f", str(conf)], cwd=conf.parent, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=front_door.proxy_env())
