@@ -226,7 +226,7 @@ def fairness_scenarios(model: ZooModel, texts: list[str]) -> dict[str, tuple[dic
     long_text = " ".join(words)[:limits.max_chars].rsplit(" ", 1)[0]  # test sentences up to the character cap
     gen = {"task": "generate", "prompt": texts[0][:40], "max_new_tokens": 512, "stop_at_eos": False}
     return {"a: one client looping the largest score request": (
-                largest["score, texts at the character cap to the token budget"], 1),
+                largest["score, as few long texts as fill the token budget"], 1),
             "b: one client looping one 10,000-character text": ({"task": "score", "texts": [long_text]}, 1),
             "c: 8 clients generating 512 tokens": (gen, 8),
             "d: 16 clients generating 512 tokens": (gen, 16)}

@@ -633,7 +633,11 @@ def test_gradio_routes_a_client_can_misuse_answer_4xx_and_uploads_are_refused(se
              ("POST", "/component_server", {"component_id": 99999, "fn_name": "x", "data": None,
                                             "session_hash": "a"}, 404),
              ("GET", "/call/score/no-such-event", None, 404),
-             ("GET", "/queue/data?session_hash=no-such-session", None, 404)]
+             ("GET", "/queue/data?session_hash=no-such-session", None, 404),
+             # deeply nested JSON (Python's parser raised RecursionError: a 500), on every route the guard reads
+             ("POST", "/queue/join", b"[" * 100_000, 400),
+             ("POST", "/api/score", b'{"data": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", 400),
+             ("POST", "/component_server", b"{\"a\":" * 50_000, 400)]
     for method, path, body, status in cases:
         code, reply = _http(base + path, method, body)
         assert code == status, (path, body, code, reply[:200])

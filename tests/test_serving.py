@@ -86,6 +86,11 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def _management_key(run_dir: Path) -> str:
+    """TorchServe's management key: the server owner's, in its private folder (never in the clients' key file)."""
+    return json.loads((run_dir / "backend" / "key_file.json").read_text())["management"]["key"]
+
+
 class Server:
     def __init__(self, run_dir: Path, ports: list[int], name: str, source: str, start_output: str):
         self.run_dir, self.name, self.source, self.start_output = run_dir, name, source, start_output
@@ -95,7 +100,7 @@ class Server:
         self.metrics = f"http://127.0.0.1:{ports[2]}"
         self.url = f"{self.inference}/predictions/{name}"
         keys = json.loads((run_dir / "key_file.json").read_text())
-        self.key, self.management_key = keys["inference"]["key"], keys["management"]["key"]
+        self.key, self.management_key = keys["inference"]["key"], _management_key(run_dir)
         self.http = requests.Session()
         self.http.trust_env = False  # loopback only, never through a proxy
         self.model = ZooModel.from_pretrained(self._checkpoint())
@@ -182,7 +187,7 @@ def test_start_reports_logs_and_key_file(server, capsys):
 
 def test_secure_defaults_in_effect(server):
     conf = (server.run_dir / "config.properties").read_text()
-    for line in ("inference_address=unix:", "management_address=http://127.0.0.1:",
+    for line in ("inference_address=unix:", "management_address=unix:", "metrics_address=unix:",
                  "disable_token_authorization=false", "enable_model_api=false",
                  f"max_request_size={MAX_REQUEST_BYTES}"):
         assert line in conf
@@ -201,10 +206,10 @@ def test_secure_defaults_in_effect(server):
 
     torchserve, front = listening(state["pid"]), listening(state["front_pid"])
     assert {ip for ip, _ in torchserve | front} == {"127.0.0.1"}, (torchserve, front)
-    assert {p for _, p in torchserve} == grpc | {cfg["management_port"], cfg["metrics_port"]}
-    # the inference port is the front door's (HAProxy); TorchServe's own inference address is a unix socket in a
-    # folder only the server's owner can enter
-    assert {p for _, p in front} == {cfg["inference_port"]}
+    assert {p for _, p in torchserve} == grpc
+    # the inference, management and metrics ports are the front door's (HAProxy); TorchServe's own addresses are
+    # unix sockets in a folder only the server's owner can enter
+    assert {p for _, p in front} == {cfg["inference_port"], cfg["management_port"], cfg["metrics_port"]}
     sock_dir = Path(state["tmp_dir"])
     assert f"inference_address=unix:{sock_dir}/inference.sock" in conf
     assert sock_dir.stat().st_mode & 0o777 == 0o700
@@ -606,7 +611,15 @@ def test_request_without_token_is_refused(server):
         assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
         assert r.json()["error"]["code"] == "invalid_api_key" and r.json()["error"]["type"] == "invalid_request_error"
     assert server.http.get(f"{server.inference}/ping", timeout=HTTP_TIMEOUT).status_code == 401
-    assert 400 <= server.http.get(f"{server.management}/models", timeout=HTTP_TIMEOUT).status_code < 500
+    # the management and metrics ports take the management key alone (the server owner's: the clients' key file has
+    # only the inference key); a missing or wrong key is a JSON 401 (TorchServe said 400; its metrics took none)
+    assert set(json.loads((server.run_dir / "key_file.json").read_text())) == {"inference"}
+    for url in (f"{server.management}/models", f"{server.metrics}/metrics"):
+        for headers in ({}, {"Authorization": f"Bearer {server.key}"}, {"Authorization": "Bearer x"},
+                        {"Authorization": f"Bearer {server.management_key}x"}):
+            r = server.http.get(url, timeout=HTTP_TIMEOUT, headers=headers)
+            assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", (url, headers, r.status_code)
+            assert r.json()["code"] == 401 and "management key" in r.json()["message"]
     # the management key works, but registering models over the API is off
     r = server.http.post(f"{server.management}/models", params={"url": "x.mar"}, timeout=HTTP_TIMEOUT,
                          headers={"Authorization": f"Bearer {server.management_key}"})
@@ -792,7 +805,8 @@ def test_bad_inputs_left_the_worker_alive(server):
 
 def test_metrics_include_tokens_scored(server):
     server.post({"texts": ["the cat sat on the mat"]}).raise_for_status()
-    text = server.http.get(f"{server.metrics}/metrics", timeout=HTTP_TIMEOUT).text
+    text = server.http.get(f"{server.metrics}/metrics", timeout=HTTP_TIMEOUT,
+                           headers={"Authorization": f"Bearer {server.management_key}"}).text
     assert "ts_inference_requests_total" in text
     tokens = [line for line in text.splitlines() if line.startswith("zoo_tokens_scored_total{")]
     assert tokens and f'ModelName="{server.name}"' in tokens[0] and float(tokens[0].split()[-1]) > 0
@@ -1124,7 +1138,8 @@ def test_refresh_keys_and_a_refused_key_explained(server, capsys):
     new = json.loads(key_file.read_text())
     assert new["inference"]["key"] != old["inference"]["key"]
     assert server.post({"texts": ["the cat"]}).status_code in (400, 401, 403)  # the old key is gone
-    server.key, server.management_key = new["inference"]["key"], new["management"]["key"]
+    server.key, server.management_key = new["inference"]["key"], _management_key(server.run_dir)
+    assert server.workers()  # the management port takes the new management key
     assert server.post({"texts": ["the cat"]}).status_code == 200
     try:
         key_file.write_text(json.dumps({**new, "inference": {**new["inference"], "key": "stale123"}}))
@@ -1142,7 +1157,6 @@ def test_grpc_is_on_loopback_behind_the_same_auth_and_cannot_register(server):
     protobuf: all defaults), so no generated stubs are needed."""
     grpc = pytest.importorskip("grpc")
     cfg = json.loads((server.run_dir / "server.json").read_text())["config"]
-    keys = json.loads((server.run_dir / "key_file.json").read_text())
 
     def call(port: int, method: str, key: str | None):
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -1170,7 +1184,7 @@ def test_grpc_is_on_loopback_behind_the_same_auth_and_cannot_register(server):
         assert f"grpc_{api}_max_connection_age_grace_ms=5000" in conf
     code, detail = call(cfg["grpc_management_port"], register, None)
     assert code == "PERMISSION_DENIED" and "Token" in detail
-    code, detail = call(cfg["grpc_management_port"], register, keys["management"]["key"])
+    code, detail = call(cfg["grpc_management_port"], register, server.management_key)
     assert code == "PERMISSION_DENIED" and "Model API disabled" in detail
 
 

@@ -129,6 +129,8 @@ def _bodies(cfg: Any, caps: dict[str, int]) -> dict[str, dict[str, Any]]:
         "417.json": both_shapes(417, "the only expectation this server meets is Expect: 100-continue"),
         "431.json": both_shapes(431, "request headers too large"),
         "401.json": zoo_error(401, "missing or wrong key: send Authorization: Bearer <the server's key>"),
+        "401-operator.json": zoo_error(401, "missing or wrong management key: send Authorization: Bearer <the "
+                                            "management key in the run dir's backend/key_file.json>"),
         "401-v1.json": openai_error(401, "missing or wrong API key: send Authorization: Bearer <the server's key>",
                                     kind="invalid_api_key"),
         "405-ping.json": zoo_error(405, "method not allowed: GET or HEAD /ping"),
@@ -222,6 +224,12 @@ def write_backend_map(sock_dir: Path, ts_inference_key: str) -> None:
     _write_private(sock_dir / "backend.map", f"inference {ts_inference_key}\n")
 
 
+def write_management_map(sock_dir: Path, *ts_keys: str) -> None:
+    """The keys the management and metrics ports take: TorchServe's management key and its API key (the one that
+    makes new keys), both the server owner's."""
+    _write_private(sock_dir / "management.map", "".join(f"{key} 1\n" for key in ts_keys))
+
+
 def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -243,10 +251,12 @@ def admin(sock_dir: Path, command: str, timeout: float = 5.0) -> str:
     return out.decode(errors="replace")
 
 
-def replace_keys(sock_dir: Path, key: str, expires: float, ts_inference_key: str | None) -> None:
+def replace_keys(sock_dir: Path, key: str, expires: float, ts_inference_key: str | None,
+                 ts_management_keys: tuple[str, ...] = ()) -> None:
     """New keys in a running proxy, without a restart: the maps in memory (runtime API) and on disk."""
     for name, entries in (("keys.map", {key: str(int(expires))}),
-                          ("backend.map", {"inference": ts_inference_key} if ts_inference_key else {})):
+                          ("backend.map", {"inference": ts_inference_key} if ts_inference_key else {}),
+                          ("management.map", dict.fromkeys(ts_management_keys, "1"))):
         if not entries:
             continue
         path = sock_dir / name
@@ -258,6 +268,8 @@ def replace_keys(sock_dir: Path, key: str, expires: float, ts_inference_key: str
     write_key_map(sock_dir, key, expires)
     if ts_inference_key:
         write_backend_map(sock_dir, ts_inference_key)
+    if ts_management_keys:
+        write_management_map(sock_dir, *ts_management_keys)
 
 
 #: glibc's mmap threshold for the proxy: a request buffer (``tune.bufsize``, the largest body + 64 KiB) is then
@@ -298,8 +310,13 @@ def render(cfg: Any, front: Path, sock_dir: Path, checkpoints: dict[str, Path], 
         (front / name).write_text(json.dumps(body) + "\n", encoding="utf-8")
     _lua(front)
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    auth_rules = backend_auth = ""
+    auth_rules = backend_auth = operator_auth = ""
     if not cfg.disable_token_auth:
+        if not (sock_dir / "management.map").exists():
+            write_management_map(sock_dir, "-")
+        operator_auth = (f'    http-request return status 401 content-type application/json file '
+                         f'"{front}/401-operator.json" hdr WWW-Authenticate Bearer '
+                         f'if !{{ http_auth_bearer,map_str({sock_dir}/management.map) -m found }}')
         keys = sock_dir / "keys.map"
         auth_rules = "\n".join([
             f'    http-request set-var(txn.key_expires) http_auth_bearer,map_str_int({keys},0)',
@@ -328,7 +345,8 @@ def render(cfg: Any, front: Path, sock_dir: Path, checkpoints: dict[str, Path], 
         maxconn=maxconn, global_maxconn=2 * maxconn + 100,
         backend_maxconn=cfg.job_queue_size, retry_after=RETRY_AFTER_S,
         model_names=" ".join(cfg.models), head_regex=HEAD_REGEX, errorfiles=_error_files(front),
-        auth_rules=auth_rules, backend_auth=backend_auth)
+        auth_rules=auth_rules, backend_auth=backend_auth, operator_auth=operator_auth,
+        management_listen=f"{host}:{cfg.management_port}", metrics_listen=f"{host}:{cfg.metrics_port}")
     path = front / "haproxy.cfg"
     path.write_text(text, encoding="utf-8")
     (front / "models.json").write_text(json.dumps(models_json(checkpoints, int(time.time()))) + "\n",

@@ -111,10 +111,13 @@ def _torchserve_command(cfg: ServerConfig, run_dir: Path, tmp: Path, response_ti
     """TorchServe's config.properties rendered into the run dir, and the Java command line that reads it."""
     store = run_dir / "model-store"
     metrics_cfg = shutil.copy(SERVING_DIR / "metrics.yaml", run_dir / "metrics.yaml")
-    ts_inference = f"unix:{tmp / 'inference.sock'}" if cfg.front_door else cfg.url("inference")
-    (tmp / "inference.sock").unlink(missing_ok=True)
+    addresses = {kind: f"unix:{tmp / (kind + '.sock')}" if cfg.front_door else cfg.url(kind)
+                 for kind in ("inference", "management", "metrics")}
+    for kind in addresses:
+        (tmp / f"{kind}.sock").unlink(missing_ok=True)
     conf = render(SERVING_DIR / "config.properties", run_dir / "config.properties", {
-        **asdict(cfg), "ts_inference_address": ts_inference, "model_store": store, "metrics_config": metrics_cfg,
+        **asdict(cfg), **{f"ts_{kind}_address": a for kind, a in addresses.items()}, "model_store": store,
+        "metrics_config": metrics_cfg,
         "workflow_store": _no_workflows(run_dir), "use_native_io": cfg.front_door,
         "load_models": ",".join(f"{n}={n}.mar" for n in cfg.models), "response_timeout": response_timeout})
     import ts
@@ -155,6 +158,7 @@ def start_front_door(cfg: ServerConfig, run_dir: Path, tmp: Path, logs: Path, re
     if ts_auth:
         ts_keys = wait_ts_keys(run_dir, cfg, proc, timeout)
         front_door.write_backend_map(tmp, ts_keys["inference"]["key"])
+        front_door.write_management_map(tmp, ts_keys["management"]["key"], ts_keys["API"]["key"])
         write_client_keys(run_dir, tmp, cfg, ts_keys)
     checkpoints = {name: resolve_checkpoint(source) for name, source in cfg.models.items()}
     conf = front_door.render(cfg, run_dir / "front", tmp, checkpoints, response_timeout,
