@@ -72,6 +72,24 @@ def test_a_short_request_finishes_in_a_few_rounds_beside_a_long_one(service):
     assert finished["short"] <= 3 < finished["long"]
 
 
+def test_a_fresh_request_takes_the_next_turn_and_long_ones_take_turns_in_order(service):
+    """Beside 16 long jobs, a fresh one-step request is done after one turn (the call that starts it answers it;
+    a round of every job's step came first before), and the long jobs then take one step each per 16 turns."""
+    sched = Scheduler(service, step_tokens=16)
+    longs = [f"long{i}" for i in range(16)]
+    for key in longs:
+        sched.admit(key, parse_request({"text": LONG}, LIMITS))
+    for _ in range(40):
+        sched.run(longs, 0.0)
+    before = {k: sched.jobs[k].steps_run for k in longs}
+    sched.admit("short", parse_request({"text": SHORT}, LIMITS))
+    sched.run([*longs, "short"], 0.0)
+    assert sched.jobs["short"].done and {k: sched.jobs[k].steps_run for k in longs} == before
+    for _ in range(16):
+        sched.run(longs, 0.0)
+    assert {k: sched.jobs[k].steps_run - before[k] for k in longs} == dict.fromkeys(longs, 1)
+
+
 def test_generation_in_steps_equals_the_python_api(service):
     sched = Scheduler(service, step_tokens=4)
     prompt = "the cat sat on the mat a dog ran"  # longer than one step: read in pieces
