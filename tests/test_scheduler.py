@@ -90,6 +90,23 @@ def test_a_fresh_request_takes_the_next_turn_and_long_ones_take_turns_in_order(s
     assert {k: sched.jobs[k].steps_run - before[k] for k in longs} == dict.fromkeys(longs, 1)
 
 
+def test_long_requests_hold_at_most_their_places_and_short_ones_always_start(service):
+    """Requests of more than one step (generations too) hold at most ``max_long`` places: over it a long one is
+    refused at once with 503 (ServerBusy, Retry-After), a one-step request is still admitted and a freed place
+    is taken again."""
+    sched = Scheduler(service, step_tokens=16, max_generations=4, max_long=2)
+    sched.admit("a", parse_request({"text": LONG}, LIMITS))
+    sched.admit("g", parse_request({"task": "generate", "prompt": "the", "max_new_tokens": 5}, LIMITS))
+    with pytest.raises(ServerBusy) as busy:
+        sched.admit("b", parse_request({"texts": [SHORT] * 4}, LIMITS))  # 4 texts: more than one 16-token step
+    assert error_status(busy.value) == 503 and "long requests" in str(busy.value)
+    sched.admit("s", parse_request({"text": SHORT}, LIMITS))  # one step: not affected
+    sched.run(["s"], 0.0)
+    assert sched.jobs["s"].done
+    sched.forget(["a"])
+    sched.admit("b", parse_request({"texts": [SHORT] * 4}, LIMITS))
+
+
 def test_generation_in_steps_equals_the_python_api(service):
     sched = Scheduler(service, step_tokens=4)
     prompt = "the cat sat on the mat a dog ran"  # longer than one step: read in pieces
