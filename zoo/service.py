@@ -364,6 +364,10 @@ class Service:
         encodings, for scoring to reuse (``[]`` for a generate request)."""
         tok = self.model.tokenizer
         if isinstance(request, ScoreRequest):
+            at_least, limit = sum(tok.min_tokens(t) for t in request.texts), self.limits.max_total_tokens
+            if at_least > limit:  # refused without tokenising (a flood of such requests took the worker's time)
+                raise RequestTooLarge("texts", f"tokenise to {at_least:,} tokens or more for this model; the limit "
+                                               f"is {limit:,} per request")
             encs = [tok.encode(t) for t in request.texts]
             check_score_budget([len(e.ids) for e in encs], self.limits.max_total_tokens)
             return encs
