@@ -175,13 +175,16 @@ class Scheduler:
                 self.turns.remove(key)
 
     def run(self, keys: Iterable[Hashable], budget_s: float) -> None:
-        """Advance the live jobs among ``keys`` one step per turn, in :attr:`turns` order, round-robin: a fresh
-        job's first (a request that fits one step is answered in the call that starts it, however many long jobs
-        are in progress: a round of 16 long jobs' steps took 0.4 s before it), then the job that waited longest; a
-        job that had its turn goes to the back. For ``budget_s`` seconds or until a job finishes (its reply can
-        then leave at once), whichever is first; at least one turn, so the jobs progress whatever the budget."""
+        """Advance the live jobs among ``keys`` one step per turn, in :attr:`turns` order, round-robin: the fresh
+        jobs' first (a request that fits one step is answered in the call that starts it, however many long jobs
+        are in progress: a round of 16 long jobs' steps took 0.4 s before), then the job that waited longest; a job
+        that had its turn goes to the back. For ``budget_s`` seconds or until a job finishes (its reply can then
+        leave at once), whichever is first, but every fresh job and at least one job in progress get a turn (so a
+        stream of short requests never starves the long ones)."""
         live = {k for k in keys if k in self.jobs and not self.jobs[k].done}
-        deadline = time.perf_counter() + budget_s
+        fresh = {k for k in live if self.jobs[k].steps_run == 0}
+        waiting = bool(live - fresh)  # a job in progress still owed its turn in this call
+        deadline, stop = time.perf_counter() + budget_s, False
         while live:
             key = next((k for k in self.turns if k in live), None)
             if key is None:
@@ -190,5 +193,10 @@ class Scheduler:
             self.turns.append(key)
             job = self.jobs[key]
             job.advance()
-            if job.done or time.perf_counter() >= deadline:
+            waiting = waiting and key in fresh
+            fresh.discard(key)
+            if job.done:
+                live.discard(key)
+            stop = stop or job.done or time.perf_counter() >= deadline
+            if stop and not fresh and not (waiting and live):
                 break
