@@ -7,9 +7,15 @@ core the server runs (:meth:`zoo.api.service.Service.score_steps` / :meth:`~zoo.
 scheduler's step size), the costliest requests within the default limits:
 
 * score, one text at the character cap (one row: the costliest tokens, each a sequential step);
-* score, texts at the character cap up to the token budget (few rows);
+* score, as few long texts as fill the token budget, padded (few rows);
 * score, ``max_texts`` texts filling the token budget (many rows: the cheapest tokens);
-* generate, a prompt filling the budget beside ``max_new_tokens`` sampled tokens (no early stop).
+* score, 15 one-word texts beside one long text: the budget counts *padded* positions (a request's texts are
+  batched together, each padded to the longest of its batch), so the long text is at most a 16th of it;
+* generate, a prompt filling the budget beside ``max_new_tokens`` sampled tokens (no early stop);
+* ``/v1/completions`` (:class:`zoo.api.completions.CompletionRun`, what the OpenAI route runs): one prompt with
+  ``max_tokens`` generated, prompt and generated together within ``max_generate_tokens``; the same budget over
+  ``max_texts`` prompts; and prompts filling ``max_total_tokens`` read with ``echo`` and ``logprobs`` (nothing
+  generated).
 
 The figure is CPU time of the process (one torch thread), not wall time: the machine is shared, and a core's
 seconds are what one request takes from everyone else.
@@ -37,7 +43,7 @@ import zoo
 from zoo.api.scheduler import STEP_TOKENS
 from zoo.api.service import GenerateRequest, Limits, Service, parse_request
 from zoo.data import corpus_files
-from zoo.scoring import run_steps
+from zoo.scoring import padded_positions, run_steps
 from zoo.tools.readme import write_result
 
 
@@ -64,40 +70,68 @@ def requests_at_the_limits(service: Service, limits: Limits, words: list[str]) -
 
     budget = limits.max_total_tokens
     one = text_of(words, budget, limits.max_chars, count)
-    at_cap, used, pos = [], 0, 0
-    while used < budget and len(at_cap) < limits.max_texts:
-        t = text_of(words, budget - used, limits.max_chars, count, pos)
-        at_cap.append(t)
-        used += count(t)
-        pos += len(t.split())
+    k = min(limits.max_texts, -(-budget // count(one)))  # as few long texts as fill the budget, padded
+    at_cap = [text_of(words, budget // k, limits.max_chars, count, 2000 * j) for j in range(k)]
     per = budget // limits.max_texts
     many = [text_of(words, per, limits.max_chars, count, k * per) for k in range(limits.max_texts)]
     new = limits.max_new_tokens
     prompt = text_of(words, limits.max_generate_tokens - new, limits.max_prompt_chars,
                      lambda t: len(tok.encode(t, add_eos=False).ids))
+    long = text_of(words, budget // 16 - 2, limits.max_chars, count, 500)  # 15 one-word texts: 2 tokens each
+    completions = completion_bodies(service, limits, words, prompt)
     return {"score, one text at the character cap": {"texts": [one]},
-            "score, texts at the character cap to the token budget": {"texts": at_cap},
+            "score, 15 one-word texts beside one long text (padded positions)": {"texts": ["the"] * 15 + [long]},
+            "score, as few long texts as fill the token budget": {"texts": at_cap},
             f"score, {limits.max_texts} texts filling the token budget": {"texts": many},
             f"generate, a prompt filling the budget + {new} new tokens": {
-                "task": "generate", "prompt": prompt, "max_new_tokens": new, "seed": 0, "stop_at_eos": False}}
+                "task": "generate", "prompt": prompt, "max_new_tokens": new, "seed": 0, "stop_at_eos": False},
+            **completions}
+
+
+def completion_bodies(service: Service, limits: Limits, words: list[str], prompt: str) -> dict[str, dict[str, Any]]:
+    """The costliest ``/v1/completions`` bodies the limits allow (``prompt``: the generate shape's)."""
+    tok = service.model.tokenizer
+    new = limits.max_new_tokens
+    n = min(limits.max_texts, 8)
+    short = text_of(words, 8, limits.max_chars, lambda t: len(tok.encode(t, add_eos=False).ids))
+    per = (limits.max_generate_tokens - n * len(tok.encode(short, add_eos=False).ids)) // n
+    per_read = limits.max_total_tokens // limits.max_texts
+    read = [text_of(words, per_read - 1, limits.max_chars, lambda t: len(tok.encode(t).ids), k * per_read)
+            for k in range(limits.max_texts)]
+    base = {"model": "m", "seed": 0, "temperature": 1.0}
+    return {f"/v1/completions, a prompt + {new} generated": {**base, "prompt": prompt, "max_tokens": new},
+            f"/v1/completions, {n} prompts x {per} generated": {**base, "prompt": [short] * n, "max_tokens": per},
+            f"/v1/completions, {limits.max_texts} prompts read with echo + logprobs": {
+                **base, "prompt": read, "max_tokens": 0, "echo": True, "logprobs": 5}}
+
+
+def _completion_run(service: Service, body: dict[str, Any]) -> tuple[Callable[[], Any], int]:
+    """A completion body as the OpenAI route runs it: (a function running it to the end, its budgeted tokens)."""
+    from zoo.api.completions import CompletionRun, check_budget, parse_completion
+
+    req = parse_completion(body, service.model.tokenizer, service.limits)
+    prompt, generated = check_budget(req, service.model.tokenizer, service.limits)
+    return (lambda: run_steps(CompletionRun(service.model, req).steps(STEP_TOKENS))), prompt + generated
 
 
 def time_request(service: Service, body: dict[str, Any], repeats: int) -> dict[str, Any]:
     """Median seconds of one request run to the end through the service core's steps (tokens counted); the
     request must be within the service's limits (parsed and budget-checked as the server does)."""
-    req = parse_request(body, service.limits)
-    service.within_budget(req)
-    if isinstance(req, GenerateRequest):
-        n = len(service.model.tokenizer.encode(req.prompt, add_eos=False).ids) + req.sampling.max_new_tokens
+    if "model" in body:
+        run, n = _completion_run(service, body)
     else:
-        n = sum(len(service.model.tokenizer.encode(t).ids) for t in req.texts)
+        req = parse_request(body, service.limits)
+        encs = service.within_budget(req)
+        if isinstance(req, GenerateRequest):
+            n = len(service.model.tokenizer.encode(req.prompt, add_eos=False).ids) + req.sampling.max_new_tokens
+            run = lambda req=req: list(service.stream_steps(req, STEP_TOKENS))  # noqa: E731
+        else:
+            n = padded_positions([len(e.ids) for e in encs])
+            run = lambda req=req: run_steps(service.score_steps(req, STEP_TOKENS))  # noqa: E731
     cpu, wall = [], []
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
-        if isinstance(req, GenerateRequest):
-            list(service.stream_steps(req, STEP_TOKENS))
-        else:
-            run_steps(service.score_steps(req, STEP_TOKENS))
+        run()
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - t0)
     return {"tokens": n, "texts": len(body.get("texts", [])) or None, "seconds": statistics.median(cpu),
@@ -120,7 +154,7 @@ def step_cost(service: Service, words: list[str], rows: int, repeats: int = 5) -
 
 def markdown(result: dict[str, Any]) -> str:
     lim = result["limits"]
-    rows = ["| request (within the default limits) | tokens | CPU seconds (1 thread) |", "|---|---:|---:|"]
+    rows = ["| request (within the default limits) | budgeted tokens | CPU seconds (1 thread) |", "|---|---:|---:|"]
     rows += [f"| {name} | {r['tokens']:,} | {r['seconds']:.2f} |" for name, r in result["requests"].items()]
     return (f"Measured {result['date']} on `{result['model']}` ({result['machine']['platform']}, load average "
             f"{result['machine']['load_avg'][0]:.1f}), one thread, median of {result['repeats']}; limits: "

@@ -17,11 +17,16 @@ never waits for whole generations, as it did when a batch ran its generations to
     python benchmarks/serving.py --fairness --duration 20   # honest clients beside hostile ones (below)
 
 Fairness (``--fairness``, one server with the default settings, through the front door ``zoo serve start``
-puts in front): 4 honest clients each score one PTB sentence back to back, alone and then beside (a) one client
-looping the largest score request the limits allow, (b) one client looping one 10,000-character text, (c) 8 and
-(d) 16 clients each generating 512 tokens back to back (a generation answered 503 waits its ``Retry-After``).
-Reported per scenario: the honest p50 over their p50 alone (target <= 3x), the share of honest requests
-answered 200 (target 100%), and what the hostile clients got. Writes benchmarks/results/serving_fairness.json
+puts in front): 4 honest clients each score one PTB sentence back to back, alone and then beside the hostile
+classes of issue 52: (a) 8 and (b) 16 clients each looping the largest score request the limits allow, (c) 4 such
+clients plus 4 generating 512 tokens, (d) 40 largest requests fired and abandoned every 10 s (each connection
+closed 50 ms after its request went out), (e) 4 clients flooding requests just over the token budget, (f) 4
+clients flooding 1 MB malformed bodies, (g) 4 clients looping the most expensive allowed shape of each route (2 a
+512-token generation, 2 a ``/v1/completions`` of 8 prompts generating the rest of the budget). A hostile request
+answered 503 (all places for long work or generation taken) waits its ``Retry-After``. Reported per class: the
+honest p50 over their p50 alone (target <= 3x), the share of honest requests answered 200 (target 100%), what
+the hostile clients got, and the load average (the machine is shared: rerun on a quiet one before quoting).
+Writes benchmarks/results/serving_fairness.json
 and .md (the main README's benchmarks section).
 
 Writes benchmarks/results/serving.json and the markdown table next to it (serving.md), prints the table,
@@ -33,11 +38,14 @@ on/off ratio is the comparable figure.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import socket
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,10 +159,14 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
     return out
 
 
-def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hostile: dict[str, Any] | None,
+def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hostile: Any,
                        hostile_clients: int, honest_clients: int = 4) -> dict[str, Any]:
     """``honest_clients`` scoring one sentence each back to back for ``seconds``, beside ``hostile_clients`` looping
-    ``hostile`` (after a 2 s head start); a hostile request answered 503 waits its Retry-After."""
+    ``hostile`` (after a 2 s head start); a hostile request answered 503 waits its Retry-After. ``hostile``: a
+    request body, or a :class:`Hostile` (another route, raw bytes, or fired and abandoned), or a list of
+    ``(hostile, clients)`` (a mix; ``hostile_clients`` is then their sum)."""
+    mix = hostile if isinstance(hostile, list) else [(hostile, hostile_clients)] if hostile is not None else []
+    mix = [(h if isinstance(h, Hostile) else Hostile(h), n) for h, n in mix]
     lock = threading.Lock()
     honest: list[tuple[float, int]] = []
     hostile_codes: list[int] = []
@@ -166,11 +178,17 @@ def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hos
         http.trust_env = False
         return http
 
-    def hostile_loop() -> None:
-        http = session()
+    def hostile_loop(hostile: Hostile) -> None:
+        if hostile.abandon:
+            while not stop.is_set():
+                abandon(url, key, hostile.body, hostile.abandon)
+                stop.wait(10)
+            return
+        http, target = session(), url.rsplit("/predictions/", 1)[0] + hostile.path if hostile.path else url
         while not stop.is_set():
             try:
-                r = http.post(url, json=hostile, headers=headers, timeout=300)
+                r = http.post(target, headers={**headers, "Content-Type": "application/json"}, timeout=300,
+                              data=hostile.body if isinstance(hostile.body, bytes) else json.dumps(hostile.body))
                 code, wait = r.status_code, float(r.headers.get("Retry-After", 0) or 0)
             except requests.RequestException:
                 code, wait = -1, 1.0
@@ -191,7 +209,7 @@ def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hos
                 honest.append((time.perf_counter() - t0, code))
             i += honest_clients
 
-    bad = [threading.Thread(target=hostile_loop, daemon=True) for _ in range(hostile_clients if hostile else 0)]
+    bad = [threading.Thread(target=hostile_loop, args=(h,), daemon=True) for h, n in mix for _ in range(n)]
     for t in bad:
         t.start()
     time.sleep(2.0 if bad else 0.0)
@@ -211,30 +229,65 @@ def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hos
             "hostile_codes": {str(c): hostile_codes.count(c) for c in sorted(set(hostile_codes))}}
 
 
-def fairness_scenarios(model: ZooModel, texts: list[str]) -> dict[str, tuple[dict[str, Any], int]]:
-    """The hostile loads: (request body, clients)."""
+@dataclass
+class Hostile:
+    """One hostile client's request: ``body`` (a JSON body, or raw bytes) sent to ``path`` (the model's
+    ``/predictions`` route when empty); ``abandon``: instead of looping, fire this many requests every 10 s, each
+    connection closed 50 ms after the request went out."""
+
+    body: Any
+    path: str = ""
+    abandon: int = 0
+
+
+def abandon(url: str, key: str, body: Any, n: int) -> None:
+    """Send ``body`` ``n`` times on raw connections, hanging up 50 ms after each (one connection open at a time)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    head = (f"POST {parts.path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+    for _ in range(n):
+        with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
+            s.sendall(head + data)
+            time.sleep(0.05)
+
+
+def fairness_scenarios(model: ZooModel, texts: list[str], name: str = "default") -> dict[str, tuple[Any, int]]:
+    """The hostile classes (a)-(g) of issue 52: (request, clients) each."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from request_cost import requests_at_the_limits, words_of_test_split
+    from request_cost import requests_at_the_limits, text_of, words_of_test_split
 
     from zoo.api.service import Limits, Service
 
     limits = Limits()
-    largest = requests_at_the_limits(Service(model, limits), limits, words_of_test_split())
-    words = " ".join(texts).split()
-    long_text = " ".join(words)[:limits.max_chars].rsplit(" ", 1)[0]  # test sentences up to the character cap
+    words = words_of_test_split()
+    shapes = requests_at_the_limits(Service(model, limits), limits, words)
+    largest = shapes["score, as few long texts as fill the token budget"]
+    count = lambda t: len(model.tokenizer.encode(t).ids)  # noqa: E731
+    half = limits.max_total_tokens // 2 + 1  # two texts of just over half the budget: 2 positions over it
+    over = {"texts": [text_of(words, half, limits.max_chars, count, k * 3000) for k in range(2)]}
+    malformed = b'{"texts": ["' + b"the cat " * 124_999  # 1,000,012 bytes, never closed
     gen = {"task": "generate", "prompt": texts[0][:40], "max_new_tokens": 512, "stop_at_eos": False}
-    return {"a: one client looping the largest score request": (
-                largest["score, texts at the character cap to the token budget"], 1),
-            "b: one client looping one 10,000-character text": ({"task": "score", "texts": [long_text]}, 1),
-            "c: 8 clients generating 512 tokens": (gen, 8),
-            "d: 16 clients generating 512 tokens": (gen, 16)}
+    completion = next(b for k, b in shapes.items() if k.startswith("/v1/completions") and "x" in k)
+    return {"a: 8 clients looping the largest score request": (largest, 8),
+            "b: 16 clients looping the largest score request": (largest, 16),
+            "c: 4 clients looping the largest score request + 4 generating 512 tokens": (
+                [(largest, 4), (gen, 4)], 8),
+            "d: 40 largest requests fired and abandoned every 10 s": (Hostile(largest, abandon=40), 1),
+            "e: 4 clients flooding requests just over the token budget": (over, 4),
+            "f: 4 clients flooding 1 MB malformed bodies": (Hostile(malformed), 4),
+            "g: 4 clients looping the costliest shape of each route": (
+                [(shapes["generate, a prompt filling the budget + 512 new tokens"], 2),
+                 (Hostile({**completion, "model": name}, path="/v1/completions"), 2)], 4)}
 
 
 def run_fairness(name: str, source: str, args: argparse.Namespace, texts: list[str]) -> dict[str, Any]:
     model = ZooModel.from_pretrained(resolve_checkpoint(source))
-    scenarios = fairness_scenarios(model, texts)
+    scenarios = fairness_scenarios(model, texts, name)
     ports = free_ports(4)
     cfg = ServerConfig(inference_port=ports[0], management_port=ports[1], metrics_port=ports[2], worker_port=ports[3])
     out: dict[str, Any] = {}
@@ -250,12 +303,23 @@ def run_fairness(name: str, source: str, args: argparse.Namespace, texts: list[s
                 res = honest_and_hostile(url, key, texts, args.duration, body, clients)
                 res["ratio_p50"] = res["honest_p50_ms"] / out["alone"]["honest_p50_ms"]
                 res["load_avg"] = os.getloadavg()
+                res["uptime"] = uptime()
                 out[label] = res
                 print(f"{label}: honest p50 {res['honest_p50_ms']:.0f} ms ({res['ratio_p50']:.2f}x alone), "
                       f"{res['honest_200_percent']:.1f}% 200; hostile {res['hostile_codes']}", flush=True)
         finally:
             stop_server(run_dir)
     return out
+
+
+def uptime() -> str:
+    """``uptime``'s line (the machine's load when a figure was measured: recorded beside it)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def fairness_markdown(result: dict[str, Any]) -> str:

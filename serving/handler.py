@@ -103,7 +103,9 @@ class TorchServeHandler:
         self.dialects = load_dialects(self.service, context.model_name)
         batch = int(context.system_properties.get("batch_size") or 8)
         gens = int(cfg.get("max_generations") or max(1, batch // 2))
-        self.scheduler = Scheduler(self.service, int(cfg.get("step_tokens") or STEP_TOKENS), gens)
+        # a quarter of the places (at least one) kept for requests that fit one step (zoo.api.scheduler.Scheduler)
+        long = int(cfg.get("max_long") or max(1, batch - max(1, batch // 4)))
+        self.scheduler = Scheduler(self.service, int(cfg.get("step_tokens") or STEP_TOKENS), gens, long)
         self._warm_up()
         try:
             from ts.metrics.metric_type_enum import MetricTypes

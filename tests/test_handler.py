@@ -189,8 +189,10 @@ class PlainScores:
     def generates(self, request: Any) -> bool:
         return False
 
-    def steps(self, request: Any, step_tokens: int) -> Any:
-        return self.service.score_steps(request, step_tokens, self.service.within_budget(request))
+    def work(self, request: Any, step_tokens: int) -> Any:
+        from zoo.api.dialects import Work
+
+        return Work(self.service.score_steps(request, step_tokens, self.service.within_budget(request)), long=True)
 
     def content_type(self, request: Any) -> str:
         return "text/plain"

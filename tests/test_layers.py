@@ -270,7 +270,7 @@ PACKAGE_FLOORS: dict[str, tuple[tuple[str, ...], ...]] = {
     "zoo.export": (("common", "formats"), ("onnx_graphs", "torchscript", "verify"), ("onnx_runtime",), ("",)),
     "zoo.hf": (("configuration", "stopping"), ("modeling",), ("tokenization",), ("pipeline",), ("",)),
     "zoo.corpus": (("records", "output"), ("summary", "shard"), ("engines",), ("job", "datatrove_blocks"), ("",)),
-    "zoo.api": (("http",), ("service",), ("native", "completions", "dialects"), ("scheduler",), ("",)),
+    "zoo.api": (("http",), ("service",), ("dialects",), ("native", "completions"), ("scheduler",), ("",)),
     "zoo.tools.demo": (("guard", "render", "stats"), ("registry",), ("handlers",), ("ui",), ("launch",), ("",)),
     "zoo.tools.gpu": (("ferry",), ("runpack",), ("piece",), ("",)),
     "zoo.tools.release": (("cards",), ("bundle",), ("publish",), ("",)),

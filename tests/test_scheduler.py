@@ -49,7 +49,7 @@ def _finish(sched: Scheduler, keys: list[str]) -> dict[str, int]:
 
 def test_scores_in_steps_equal_the_python_api_for_long_and_short_texts_mixed(service):
     sched = Scheduler(service, step_tokens=16)
-    requests = {"long": parse_request({"texts": [LONG, SHORT, LONG[:300]], "return_tokens": True}, LIMITS),
+    requests = {"long": parse_request({"texts": [LONG[:2400], SHORT, LONG[:300]], "return_tokens": True}, LIMITS),
                 "short": parse_request({"text": SHORT}, LIMITS)}
     for key, req in requests.items():
         sched.admit(key, req, NativeDialect(service, "tiny"))
@@ -75,6 +75,44 @@ def test_a_short_request_finishes_in_a_few_rounds_beside_a_long_one(service):
     sched.admit("short", parse_request({"text": SHORT}, LIMITS), NativeDialect(service, "tiny"))
     finished = _finish(sched, ["long", "short"])
     assert finished["short"] <= 3 < finished["long"]
+
+
+def test_a_fresh_request_takes_the_next_turn_and_long_ones_take_turns_in_order(service):
+    """Beside 16 long jobs, a fresh one-step request is done in the call that starts it after its own turn and
+    one long job's (a round of every job's step came first before; one long turn per call, so a stream of short
+    requests never starves them), and the long jobs then take one step each per 16 turns."""
+    sched = Scheduler(service, step_tokens=16)
+    longs = [f"long{i}" for i in range(16)]
+    for key in longs:
+        sched.admit(key, parse_request({"text": LONG}, LIMITS))
+    for _ in range(40):
+        sched.run(longs, 0.0)
+    before = {k: sched.jobs[k].steps_run for k in longs}
+    sched.admit("short", parse_request({"text": SHORT}, LIMITS))
+    sched.run([*longs, "short"], 0.0)
+    advanced = [k for k in longs if sched.jobs[k].steps_run != before[k]]
+    assert sched.jobs["short"].done and len(advanced) == 1, advanced
+    before = {k: sched.jobs[k].steps_run for k in longs}
+    for _ in range(16):
+        sched.run(longs, 0.0)
+    assert {k: sched.jobs[k].steps_run - before[k] for k in longs} == dict.fromkeys(longs, 1)
+
+
+def test_long_requests_hold_at_most_their_places_and_short_ones_always_start(service):
+    """Requests of more than one step (generations too) hold at most ``max_long`` places: over it a long one is
+    refused at once with 503 (ServerBusy, Retry-After), a one-step request is still admitted and a freed place
+    is taken again."""
+    sched = Scheduler(service, step_tokens=16, max_generations=4, max_long=2)
+    sched.admit("a", parse_request({"text": LONG}, LIMITS))
+    sched.admit("g", parse_request({"task": "generate", "prompt": "the", "max_new_tokens": 5}, LIMITS))
+    with pytest.raises(ServerBusy) as busy:
+        sched.admit("b", parse_request({"texts": [SHORT] * 4}, LIMITS))  # 4 texts: more than one 16-token step
+    assert error_status(busy.value) == 503 and "long requests" in str(busy.value)
+    sched.admit("s", parse_request({"text": SHORT}, LIMITS))  # one step: not affected
+    sched.run(["s"], 0.0)
+    assert sched.jobs["s"].done
+    sched.forget(["a"])
+    sched.admit("b", parse_request({"texts": [SHORT] * 4}, LIMITS))
 
 
 def test_generation_in_steps_equals_the_python_api(service):

@@ -23,6 +23,7 @@ from zoo.api.service import (
 )
 from zoo.errors import InvalidRequest, ModelNotServed, RequestTooLarge, ServerBusy, ZooError
 from zoo.generation import SamplingParams
+from zoo.scoring import padded_positions
 from zoo.zoo_model import ZooModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -264,7 +265,12 @@ def test_token_limit_is_counted_after_tokenisation_and_refuses_one_request_alone
     assert f"tokenise to {n_big:,} tokens" in replies[1].message and f"limit is {n_big - 1:,}" in replies[1].message
     assert replies[0]["corpus"] == replies[2]["corpus"] == service.score([small])[0]["corpus"]
     assert replies[0]["corpus"]["num_tokens"] == n_small
-    assert not isinstance(Service(service.model, Limits(max_total_tokens=n_big)).score([big])[0], Exception)
+    # the budget counts the positions computed, the texts padded to the longest as they are batched together
+    positions = padded_positions([len(tok.encode(t).ids) for t in big.texts])
+    assert positions > n_big
+    over = Service(service.model, Limits(max_total_tokens=positions - 1)).score([big])[0]
+    assert isinstance(over, InvalidRequest) and f"{positions:,} positions" in over.message
+    assert not isinstance(Service(service.model, Limits(max_total_tokens=positions)).score([big])[0], Exception)
 
 
 class _FailsOn:

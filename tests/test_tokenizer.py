@@ -228,3 +228,28 @@ def test_a_vocabulary_without_unk_drops_what_it_cannot_spell():
     assert char.tokens == ["a", "_", "a", "<eos>"] and char.dropped == ["b"] and char.oov == 0
     word = Tokenizer(["<eos>", "the"], "ptb").encode("the cat")
     assert word.tokens == ["the", "<eos>"] and word.dropped == ["cat"] and word.oov == 0
+
+
+@pytest.mark.parametrize("normalization", ["ptb", "ptb-char", "wikitext"])
+def test_min_tokens_is_a_lower_bound_of_the_encoding(normalization):
+    """Tokenizer.min_tokens (what a server refuses a request far over its token budget by, without tokenising it)
+    never exceeds the encoding's length, over random texts of words, numbers, punctuation, clitics, newlines,
+    control, combining and non-ASCII characters; it is the exact count for words of one symbol each."""
+    import random
+
+    from zoo.zoo_model import ModelNotFoundError, ZooModel, resolve_local
+
+    name = {"ptb": "alstm-ptb-5m", "ptb-char": "alstm-ptbchar-1.5m-long", "wikitext": "alstm-wt2-11m-long-light"}
+    try:
+        tok = ZooModel.from_pretrained(resolve_local(name[normalization])[0]).tokenizer
+    except ModelNotFoundError:
+        pytest.skip(f"the bundled {name[normalization]} is missing")
+    assert tok.normalization == normalization
+    pieces = [*"abcdefgh XYZ019 .,'-$%&\n\t\r", "é", "e\u0301", "\u200b", "\x00", "ß", "日本", "🙂", " n't", "'s",
+              "<unk>", "N", "mr.", "i.b.m.", "@-@", "\u2028", "...", "1,000th"]
+    rng = random.Random(52)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 60)))
+        for eos in (True, False):
+            assert tok.min_tokens(text, eos) <= len(tok.encode(text, eos).ids), (text, eos)
+    assert tok.min_tokens("a\n" * 999) == len(tok.encode("a\n" * 999).ids) == 1998

@@ -29,7 +29,7 @@ is one; the TorchScript and ONNX Runtime backends are others. Token tensors are 
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -209,6 +209,20 @@ def score_texts(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
                                  progress=progress, encodings=encs))
 
 
+def length_batches(lengths: Sequence[int], batch_size: int = 16) -> list[list[int]]:
+    """How :func:`score_steps` batches texts of these token lengths: their indices sorted by length, in groups of
+    ``batch_size``; each group is computed padded to its longest text."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def padded_positions(lengths: Sequence[int], batch_size: int = 16) -> int:
+    """The positions :func:`score_steps` computes for texts of these token lengths (each group of
+    :func:`length_batches` is as many rows as texts, as long as its longest): what a request's work is, where its
+    token count is not (15 one-word texts beside a long one cost 16 long ones)."""
+    return sum(len(group) * max(lengths[i] for i in group) for group in length_batches(lengths, batch_size))
+
+
 def score_steps(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, return_tokens: bool = False,
                 batch_size: int = 16, step_tokens: int | None = None, progress: bool = False,
                 encodings: list[Any] | None = None) -> Steps[ScoreReport]:
@@ -219,8 +233,7 @@ def score_steps(runner: Runner, tokenizer: Tokenizer, texts: list[str], *, retur
     ``encodings``: the texts' :meth:`Tokenizer.encode`, when the caller already has them (a token budget)."""
     encs = encodings if encodings is not None else [tokenizer.encode(t) for t in texts]
     logps: list[Tensor | None] = [None] * len(encs)
-    order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = length_batches([len(e.ids) for e in encs], batch_size)
     for k, idx in enumerate(tqdm(batches, desc="scoring", unit="batch", disable=not progress or len(batches) < 2)):
         if k:
             yield

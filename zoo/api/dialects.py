@@ -2,7 +2,7 @@
 
 Why a declared contract: the scheduler runs every request the same way (bounded steps, round-robin, generation
 places) and must not know which wire format a request came in: it asks the request's dialect whether it generates
-and for its steps, and the handler asks the same dialect for the reply's bytes. A new wire format is a module with a
+and for its work, and the handler asks the same dialect for the reply's bytes. A new wire format is a module with a
 :class:`Dialect` class, one entry in :data:`DIALECTS`, and the front door's route that sets the ``X-Zoo-Api`` header
 to its name (``serving/haproxy.cfg``); no scheduler or handler change (``docs/develop/extending.md``).
 """
@@ -10,6 +10,7 @@ to its name (``serving/haproxy.cfg``); no scheduler or handler change (``docs/de
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +28,17 @@ DIALECTS: dict[str, str] = {
 DEFAULT = "zoo"
 
 
+@dataclass(frozen=True)
+class Work:
+    """A request's work as the scheduler runs it: a generator of bounded steps (at most ``step_tokens`` tokens
+    each), each yielding ``None`` or something the client is sent as it comes (see :meth:`Dialect.chunk`), returning
+    the result; and whether it needs more than one step (``long``: it then holds one of the scheduler's places for
+    long work, so requests that fit one step always find a place)."""
+
+    steps: Iterator[Any]
+    long: bool
+
+
 class Dialect(Protocol):
     """One wire format over one loaded model (``service``), named ``served`` to its clients.
 
@@ -41,11 +53,9 @@ class Dialect(Protocol):
     def generates(self, request: Any) -> bool:
         """Whether the request holds one of the scheduler's generation places while it runs."""
 
-    def steps(self, request: Any, step_tokens: int) -> Iterator[Any]:
-        """The request's work, checked against the deployment's token budgets now (raises
-        :class:`~zoo.errors.RequestTooLarge`, before any model work): a generator of bounded steps (at most
-        ``step_tokens`` tokens each), each yielding ``None`` or something the client is sent as it comes (see
-        :meth:`chunk`), returning the result."""
+    def work(self, request: Any, step_tokens: int) -> Work:
+        """The request's work (:class:`Work`), checked against the deployment's token budgets now (raises
+        :class:`~zoo.errors.RequestTooLarge`, before any model work)."""
 
     def content_type(self, request: Any) -> str:
         """The media type of a successful reply."""

@@ -26,7 +26,7 @@ SSE_TYPE = "text/event-stream"
 #: The reason phrase of every status the server or its front door sends (ASCII: it goes on the status line).
 REASONS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 410: "Gone", 411: "Length Required", 413: "Payload Too Large",
-           414: "URI Too Long", 425: "Too Early", 429: "Too Many Requests",
+           414: "URI Too Long", 417: "Expectation Failed", 425: "Too Early", 429: "Too Many Requests",
            431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 #: OpenAI's ``code`` string for each status the worker answers a completion with (the front door's own 503 says

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from zoo.api.dialects import Work
 from zoo.api.http import JSON_TYPE, NDJSON_TYPE, native_error, to_json
 from zoo.api.service import GenerateRequest, Limits, Request, Service, generate_reply, parse_body
+from zoo.scoring import padded_positions
 
 
 class NativeDialect:
@@ -27,11 +29,12 @@ class NativeDialect:
     def generates(self, request: Request) -> bool:
         return isinstance(request, GenerateRequest)
 
-    def steps(self, request: Request, step_tokens: int) -> Iterator[Any]:
+    def work(self, request: Request, step_tokens: int) -> Work:
         encodings = self.service.within_budget(request)  # (413 now, before any model work)
         if isinstance(request, GenerateRequest):
-            return self._generation(request, step_tokens)
-        return self.service.score_steps(request, step_tokens, encodings)
+            return Work(self._generation(request, step_tokens), long=True)
+        long = padded_positions([len(e.ids) for e in encodings]) > step_tokens  # what score_steps computes
+        return Work(self.service.score_steps(request, step_tokens, encodings), long)
 
     def _generation(self, request: GenerateRequest, step_tokens: int) -> Iterator[str | None]:
         """The generated pieces as they come (a ``None`` after each piece of the prompt read); returns the reply."""

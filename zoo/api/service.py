@@ -28,7 +28,7 @@ from typing import Any
 from zoo.api.http import JSON_TYPE
 from zoo.errors import InvalidRequest, RequestTooLarge, ZooError
 from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
-from zoo.scoring import Steps, aggregate
+from zoo.scoring import Steps, aggregate, padded_positions
 from zoo.validate import as_bool, as_float, as_int, check_text, json_type, surrogate_position
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,13 @@ class Limits:
     max_texts: int = 64
     max_chars: int = 10_000
     max_total_chars: int = 100_000
-    max_total_tokens: int = 2_400  # the largest allowed score request: 2.1 CPU-s (benchmarks/results/request_cost.json)
-    max_generate_tokens: int = 640  # prompt + max_new_tokens; the largest allowed: 2.2 CPU-s (request_cost.json)
+    # the budgets count a request's work: a score request's padded positions (zoo.scoring.padded_positions), and
+    # prompt + generated tokens together on both routes. The largest allowed request of each shape on the default
+    # model, one thread (benchmarks/request_cost.py, 2026-11-28, load 9): score 0.54-0.92 CPU-s (one text at the
+    # character cap, few long texts, 64 texts, 15 one-word texts beside a long one); generate 1.69; /v1/completions
+    # 1.15 (64 prompts read, echo + logprobs), 1.72 (a prompt + 512 generated), 1.92 (8 prompts x 72 generated)
+    max_total_tokens: int = 2_400
+    max_generate_tokens: int = 640
     max_prompt_chars: int = 10_000
     max_new_tokens: int = 512
     max_temperature: float = MAX_TEMPERATURE
@@ -114,9 +119,10 @@ Request = ScoreRequest | GenerateRequest
 
 # -- parsing -------------------------------------------------------------------------------------------------
 def _field_name(key: Any) -> str:
-    """A client's key as it can be shown back (a key with a lone surrogate is shown escaped)."""
+    """A client's key or value as it can be shown back, cut short whatever its type (a list or object is named by
+    its JSON type, never echoed whole; a key with a lone surrogate is shown escaped)."""
     if not isinstance(key, str):
-        return ascii(key)
+        return f"({json_type(key)})" if isinstance(key, list | tuple | dict) else ascii(key)[:66]
     return key if surrogate_position(key) is None and key.isprintable() and len(key) <= 64 else ascii(key)[:66]
 
 
@@ -252,6 +258,20 @@ def decode_json(text: str) -> Any:
         raise InvalidRequest("body", f"not valid JSON ({_short(str(e))})") from None
 
 
+def check_score_budget(lengths: Sequence[int], limit: int) -> None:
+    """A score request's work against ``max_total_tokens``: the positions it computes, its texts padded as they
+    are batched together (:func:`zoo.scoring.padded_positions`), not only its tokens (raises
+    :class:`~zoo.errors.RequestTooLarge` naming both counts and the limit)."""
+    n, padded = sum(lengths), padded_positions(lengths)
+    if padded <= limit:
+        return
+    if padded == n:
+        raise RequestTooLarge("texts", f"tokenise to {n:,} tokens for this model; the limit is {limit:,} per request")
+    raise RequestTooLarge("texts", f"tokenise to {n:,} tokens for this model, {padded:,} positions as they are "
+                                   "scored (a request's texts are batched together, each padded to the longest of "
+                                   f"its batch: send texts of similar length); the limit is {limit:,} per request")
+
+
 def _short(msg: str, n: int = 120) -> str:
     msg = msg.encode("ascii", "backslashreplace").decode("ascii")
     return msg if len(msg) <= n else msg[: n - 3] + "..."
@@ -311,11 +331,12 @@ class Service:
         encodings, for scoring to reuse (``[]`` for a generate request)."""
         tok = self.model.tokenizer
         if isinstance(request, ScoreRequest):
+            at_least, limit = sum(tok.min_tokens(t) for t in request.texts), self.limits.max_total_tokens
+            if at_least > limit:  # refused without tokenising (a flood of such requests took the worker's time)
+                raise RequestTooLarge("texts", f"tokenise to {at_least:,} tokens or more for this model; the limit "
+                                               f"is {limit:,} per request")
             encs = [tok.encode(t) for t in request.texts]
-            n, limit = sum(len(e.ids) for e in encs), self.limits.max_total_tokens
-            if n > limit:
-                raise RequestTooLarge("texts", f"tokenise to {n:,} tokens for this model; the limit is {limit:,} "
-                                               "per request")
+            check_score_budget([len(e.ids) for e in encs], self.limits.max_total_tokens)
             return encs
         prompt = len(tok.encode(request.prompt, add_eos=False).ids)
         n, limit = prompt + request.sampling.max_new_tokens, self.limits.max_generate_tokens

@@ -18,6 +18,9 @@ from urllib.parse import parse_qs
 #: Bodies the guard reads to check them (Gradio's own JSON requests are far smaller; the demo caps text at 20,000
 #: characters).
 MAX_BODY = 1 << 20
+#: How deep a JSON body may nest (Gradio's requests nest a few levels: an object, its ``data`` list, a value). A
+#: deeper one is refused here: Python's parser (the guard's, then Gradio's) raised RecursionError, a 500.
+MAX_DEPTH = 32
 NAMED = re.compile(r"^/gradio_api/(call|run|api)/([^/]+)/?(?:([^/]+)/?)?$")
 BODY_CHECKED = re.compile(r"^/gradio_api/(?:queue/join|component_server|call/[^/]+|run/[^/]+|api/[^/]+)/?$")
 
@@ -70,10 +73,15 @@ class GuardRoutes:
         return None
 
     def _by_body(self, path: str, raw: bytes) -> tuple[int, str] | None:
+        too_deep = 400, f"JSON nested more than {MAX_DEPTH} levels deep"
         try:
             body = json.loads(raw)
+        except RecursionError:
+            return too_deep
         except ValueError:
             return None  # Gradio's own 422 names it
+        if _nesting(body) > MAX_DEPTH:
+            return too_deep
         if not isinstance(body, dict):
             return None
         path = path.rstrip("/")
@@ -95,6 +103,17 @@ class GuardRoutes:
         if fn is not None and isinstance(data, list) and len(data) != len(fn.inputs):
             return 422, f"{fn.api_name or 'this event'} takes {len(fn.inputs)} input value(s), got {len(data)}"
         return None
+
+
+def _nesting(value: Any) -> int:
+    """How deep a decoded JSON value's arrays and objects nest (without recursion, whatever its shape)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 async def _read_body(receive: Any) -> bytes | None:

@@ -35,7 +35,9 @@ def _describe(info: dict[str, Any]) -> str:
     cfg = info["config"]
     lines = [f"TorchServe running (pid {info['pid']}) from {info['run_dir']}",
              f"  inference   {info['inference']}/predictions/<model>   (health: {info.get('health', 'Healthy')})",
-             f"  management  {info['management']}   metrics {info['metrics']}/metrics",
+             f"  management  {info['management']}   metrics {info['metrics']}/metrics"
+             + (f"   (the management key: {info['run_dir']}/backend/{KEY_FILE}, yours alone)"
+                if info["key_file"] and info.get("front_pid") else ""),
              "  front door  " + (f"HAProxy (pid {info['front_pid']}) -> TorchServe on "
                                   f"{info['tmp_dir']}/inference.sock; "
                                   f"request deadline {cfg['client_timeout']} s (head) + {cfg['client_timeout']} s "

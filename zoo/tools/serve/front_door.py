@@ -34,13 +34,16 @@ KEY_BYTES = 32
 #: the grammar a request head must match before HTTP parsing (RFC 9112: token method, origin-form target, HTTP/1.x,
 #: header lines of a token name and visible/obs-text values, at most 100 of them; no Transfer-Encoding, at most one
 #: Content-Length of digits). One regex with look-aheads because only a positive match is final before the deadline.
+#: Also refused here, because HAProxy's parser answers them with its fixed HTML page: a ``#`` in the target (a
+#: fragment is never sent), ``CONNECT`` (it takes an authority, never a path), two ``Host`` headers.
 _TCHAR = r"[!\x23$%&\x27*+.^_\x60|~0-9A-Za-z-]"
 _IN_HEAD = r"(?:[^\r\n]++\r\n)+?"  # (header lines up to the blank one: possessive, so no backtracking)
-HEAD_REGEX = ("^"
+HEAD_REGEX = ("^(?!CONNECT )"
               rf"(?!{_IN_HEAD}(?i:transfer-encoding):)"
+              rf"(?!{_IN_HEAD}(?i:host):{_IN_HEAD}(?i:host):)"
               rf"(?!{_IN_HEAD}(?i:content-length):(?![ \t]*+[0-9]{{1,15}}+[ \t]*+\r\n))"
               rf"(?!{_IN_HEAD}(?i:content-length):{_IN_HEAD}(?i:content-length):)"
-              rf"{_TCHAR}++ /[!-~]*+ HTTP/1\.[01]\r\n(?:{_TCHAR}++:[\t -~\x80-\xff]*+\r\n){{0,100}}+\r\n")
+              rf"{_TCHAR}++ /[!-\x22\x24-~]*+ HTTP/1\.[01]\r\n(?:{_TCHAR}++:[\t -~\x80-\xff]*+\r\n){{0,100}}+\r\n")
 #: the statuses HAProxy can send from its own error pages (those its ``errorfile`` takes)
 ERRORFILE_STATUSES = (400, 401, 403, 404, 405, 408, 410, 413, 425, 429, 500, 501, 502, 503, 504)
 #: seconds a client is told to wait (Retry-After) when the server is full or not answering
@@ -65,16 +68,49 @@ def haproxy() -> str:
     return found
 
 
-# -- reply bodies (the shapes and status phrases: zoo.api.http, the worker's own) ----------------------------------
-def _bodies(cfg: Any) -> dict[str, dict[str, Any]]:
+# -- reply bodies (the shapes and status phrases: zoo.api.http, the worker's own) ------------------------------------
+#: bytes per character a valid body can spend at most: UTF-8 text (4), a JSON string (12: an astral character
+#: escaped as a surrogate pair, ``\\ud83d\\ude00``)
+TEXT_BYTES_PER_CHAR, JSON_BYTES_PER_CHAR = 4, 12
+#: room in a JSON body for everything but the texts: field names, numbers, white space, stop sequences
+JSON_SLACK_BYTES = 16 * 1024
+
+
+def body_caps(cfg: Any, limits: Any | None) -> dict[str, int]:
+    """The largest body a valid request can have, by kind (``text``: a ``text/plain`` body, one text; ``json``: a
+    JSON body on either route), from the archive's character limits: a body over it is over every budget by its
+    byte count alone, so the front door refuses it (413) without TorchServe or the worker. Without the limits (a
+    server started from archives it did not build) only ``max_request_bytes``."""
+    most = cfg.max_request_bytes
+    if limits is None:
+        return {"text": most, "json": most}
+    text = TEXT_BYTES_PER_CHAR * limits.max_chars + 1024
+    json_ = JSON_BYTES_PER_CHAR * limits.max_total_chars + 16 * limits.max_texts + JSON_SLACK_BYTES
+    return {"text": min(most, text), "json": min(most, json_)}
+
+
+def _bodies(cfg: Any, caps: dict[str, int]) -> dict[str, dict[str, Any]]:
     """Every body the routes answer with, by file name (``<status>[-<what>].json``)."""
     limit = cfg.max_request_bytes
     busy = BUSY
     return {
+        "413-text.json": zoo_error(413, f"a text/plain body is one text; over {caps['text']:,} bytes it is over "
+                                        "the character limit", field="body"),
+        "413-json.json": zoo_error(413, f"a JSON body over {caps['json']:,} bytes is over the character limits",
+                                   field="body"),
+        "413-v1-json.json": openai_error(413, f"a JSON body over {caps['json']:,} bytes is over the character "
+                                              "limits", kind="request_too_large"),
+        "400-type.json": zoo_error(400, "unsupported content type; send application/json or text/plain (one "
+                                        "Content-Type header)", field="Content-Type"),
+        "400-object.json": zoo_error(400, "a JSON body must be a JSON object ({\"task\": ..., ...})", field="body"),
+        "400-task.json": zoo_error(400, "unknown task; use 'score' or 'generate'", field="task"),
         "413.json": both_shapes(413, f"request body over {limit} bytes"),
         "414.json": both_shapes(414, "request target too long"),
+        "417.json": both_shapes(417, "the only expectation this server meets is Expect: 100-continue"),
         "431.json": both_shapes(431, "request headers too large"),
         "401.json": zoo_error(401, "missing or wrong key: send Authorization: Bearer <the server's key>"),
+        "401-operator.json": zoo_error(401, "missing or wrong management key: send Authorization: Bearer <the "
+                                            "management key in the run dir's backend/key_file.json>"),
         "401-v1.json": openai_error(401, "missing or wrong API key: send Authorization: Bearer <the server's key>",
                                     kind="invalid_api_key"),
         "405-ping.json": zoo_error(405, "method not allowed: GET or HEAD /ping"),
@@ -122,7 +158,7 @@ def _error_files(front: Path) -> str:
 def _lua(front: Path) -> Path:
     """The services that answer a head refused by the TCP layer (HAProxy's HTTP parser would send HTML)."""
     replies = {400: "malformed HTTP/1.1 request head (request line, header lines, NUL or control bytes, "
-                    "Content-Length)",
+                    "Content-Length, a '#' in the target, CONNECT, two Host headers)",
                408: "the request head was not sent in time",
                411: "send the body with a Content-Length (chunked request bodies are not accepted)",
                431: "request head too large"}
@@ -169,6 +205,12 @@ def write_backend_map(sock_dir: Path, ts_inference_key: str) -> None:
     _write_private(sock_dir / "backend.map", f"inference {ts_inference_key}\n")
 
 
+def write_management_map(sock_dir: Path, *ts_keys: str) -> None:
+    """The keys the management and metrics ports take: TorchServe's management key and its API key (the one that
+    makes new keys), both the server owner's."""
+    _write_private(sock_dir / "management.map", "".join(f"{key} 1\n" for key in ts_keys))
+
+
 def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -190,10 +232,12 @@ def admin(sock_dir: Path, command: str, timeout: float = 5.0) -> str:
     return out.decode(errors="replace")
 
 
-def replace_keys(sock_dir: Path, key: str, expires: float, ts_inference_key: str | None) -> None:
+def replace_keys(sock_dir: Path, key: str, expires: float, ts_inference_key: str | None,
+                 ts_management_keys: tuple[str, ...] = ()) -> None:
     """New keys in a running proxy, without a restart: the maps in memory (runtime API) and on disk."""
     for name, entries in (("keys.map", {key: str(int(expires))}),
-                          ("backend.map", {"inference": ts_inference_key} if ts_inference_key else {})):
+                          ("backend.map", {"inference": ts_inference_key} if ts_inference_key else {}),
+                          ("management.map", dict.fromkeys(ts_management_keys, "1"))):
         if not entries:
             continue
         path = sock_dir / name
@@ -205,6 +249,21 @@ def replace_keys(sock_dir: Path, key: str, expires: float, ts_inference_key: str
     write_key_map(sock_dir, key, expires)
     if ts_inference_key:
         write_backend_map(sock_dir, ts_inference_key)
+    if ts_management_keys:
+        write_management_map(sock_dir, *ts_management_keys)
+
+
+#: glibc's mmap threshold for the proxy: a request buffer (``tune.bufsize``, the largest body + 64 KiB) is then
+#: always its own mapping, given back to the system when its connection ends. With glibc's dynamic threshold a
+#: freed buffer raised it, later buffers came from the heap, and the memory of 2,000 slow large bodies (2.15 GB)
+#: stayed with the proxy after they were gone; measured with this: 1,126 MB at 2,000 connections each 600 KB into
+#: its body, 35 MB 3 s after they closed.
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def proxy_env() -> dict[str, str]:
+    """The proxy's environment: ours, with :data:`MMAP_THRESHOLD_BYTES` (memory of slow connections returned)."""
+    return {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
 
 
 def _connections(wanted: int) -> int:
@@ -220,18 +279,25 @@ def _connections(wanted: int) -> int:
 
 # -- the config --------------------------------------------------------------------------------------------------
 def render(cfg: Any, front: Path, sock_dir: Path, checkpoints: dict[str, Path], response_timeout: int,
-           backend: str, ts_auth: bool) -> Path:
+           backend: str, ts_auth: bool, limits: Any | None = None) -> Path:
     """All the proxy's files in ``front`` (made afresh); returns its config. ``backend``: TorchServe's inference
     address as HAProxy names it (``unix@/path`` or ``host:port``). ``sock_dir`` (private, short, no spaces: its
-    paths go unquoted into sample expressions) holds the sockets and the key maps."""
+    paths go unquoted into sample expressions) holds the sockets and the key maps. ``limits``: the archives'
+    request limits (:class:`~zoo.tools.serve.config.ArchiveOptions`), for :func:`body_caps`."""
     shutil.rmtree(front, ignore_errors=True)
     front.mkdir(parents=True, mode=0o700)
-    for name, body in _bodies(cfg).items():
+    caps = body_caps(cfg, limits)
+    for name, body in _bodies(cfg, caps).items():
         (front / name).write_text(json.dumps(body) + "\n", encoding="utf-8")
     _lua(front)
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    auth_rules = backend_auth = ""
+    auth_rules = backend_auth = operator_auth = ""
     if not cfg.disable_token_auth:
+        if not (sock_dir / "management.map").exists():
+            write_management_map(sock_dir, "-")
+        operator_auth = (f'    http-request return status 401 content-type application/json file '
+                         f'"{front}/401-operator.json" hdr WWW-Authenticate Bearer '
+                         f'if !{{ http_auth_bearer,map_str({sock_dir}/management.map) -m found }}')
         keys = sock_dir / "keys.map"
         auth_rules = "\n".join([
             f'    http-request set-var(txn.key_expires) http_auth_bearer,map_str_int({keys},0)',
@@ -256,10 +322,12 @@ def render(cfg: Any, front: Path, sock_dir: Path, checkpoints: dict[str, Path], 
         client_timeout=cfg.client_timeout, send_timeout=3 * cfg.client_timeout,
         upstream_timeout=response_timeout + 10, bufsize=bufsize, head_max=bufsize - 1024,
         max_request_bytes=cfg.max_request_bytes, max_uri=8192, max_headers=16384,
+        max_text_bytes=caps["text"], max_json_bytes=caps["json"],
         maxconn=maxconn, global_maxconn=2 * maxconn + 100,
         backend_maxconn=cfg.job_queue_size, retry_after=RETRY_AFTER_S,
         model_names=" ".join(cfg.models), head_regex=HEAD_REGEX, errorfiles=_error_files(front),
-        auth_rules=auth_rules, backend_auth=backend_auth)
+        auth_rules=auth_rules, backend_auth=backend_auth, operator_auth=operator_auth,
+        management_listen=f"{host}:{cfg.management_port}", metrics_listen=f"{host}:{cfg.metrics_port}")
     path = front / "haproxy.cfg"
     path.write_text(text, encoding="utf-8")
     (front / "models.json").write_text(json.dumps(models_json(checkpoints, int(time.time()))) + "\n",

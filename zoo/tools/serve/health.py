@@ -15,7 +15,7 @@ from typing import Any
 
 from zoo.tools.serve import supervise
 from zoo.tools.serve.config import KEY_FILE, PARTS, ServeError, ServerConfig, read_state
-from zoo.tools.serve.keys import key_expiry, read_keys
+from zoo.tools.serve.keys import key_expiry, management_key, read_keys
 from zoo.tools.serve.probe import http_get
 
 
@@ -33,7 +33,7 @@ def _load_failure(run_dir: Path) -> str | None:
 
 def model_workers(cfg: ServerConfig, run_dir: Path, name: str) -> list[dict[str, Any]]:
     """The workers the management API describes for ``name`` (id, pid, status)."""
-    code, body = http_get(f"{cfg.url('management')}/models/{name}", read_keys(run_dir).get("management"))
+    code, body = http_get(f"{cfg.url('management')}/models/{name}", management_key(run_dir, cfg))
     if code != 200:
         return []
     try:

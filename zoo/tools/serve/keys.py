@@ -2,8 +2,9 @@
 and new keys for a running server.
 
 Why two key files behind the front door: the clients hold the front door's key (256 bits, expiring like
-TorchServe's) and TorchServe's management key; TorchServe's inference key stays in its private working folder
-(:func:`~zoo.tools.serve.config.ts_dir`), known only to the proxy that forwards to it.
+TorchServe's) and nothing else; TorchServe's own keys (inference, management: it can scale workers) stay in its
+private working folder (:func:`~zoo.tools.serve.config.ts_dir`), known only to the proxy that forwards to it and to
+the server's owner, who reads the management key there (:func:`management_key`).
 """
 
 from __future__ import annotations
@@ -54,15 +55,19 @@ def wait_ts_keys(run_dir: Path, cfg: ServerConfig, proc, timeout: float) -> dict
     raise ServeError(f"TorchServe wrote no key file in {timeout:.0f} s; see {run_dir / 'logs'}")
 
 
+def management_key(run_dir: Path, cfg: ServerConfig | dict[str, Any]) -> str | None:
+    """TorchServe's management key, which the management and metrics ports take: the server owner's, from
+    TorchServe's own key file (private behind the front door; the run dir's without it)."""
+    return read_keys(ts_dir(run_dir, cfg)).get("management")
+
+
 def write_client_keys(run_dir: Path, tmp: Path, cfg: ServerConfig, ts_keys: dict[str, Any]) -> None:
-    """The clients' key file: the front door's own inference key (256 bits, expiring like TorchServe's keys)
-    and TorchServe's management key (the management port is TorchServe's)."""
+    """The clients' key file: the front door's own inference key (256 bits, expiring like TorchServe's keys),
+    and nothing else (TorchServe's management key can scale workers: it stays in the private folder)."""
     key, expires = front_door.new_key(), time.time() + 60 * cfg.token_expiration_min
     front_door.write_key_map(tmp, key, expires)
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
     data = {"inference": {"key": key, "expiration time": when}}
-    if "management" in ts_keys:
-        data["management"] = ts_keys["management"]
     fd = os.open(run_dir / KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2)
@@ -91,5 +96,6 @@ def refresh_keys(run_dir: Path) -> dict[str, str]:
         write_client_keys(run_dir, tmp, cfg, ts_keys)
         key = read_keys(run_dir)["inference"]
         expires = time.time() + 60 * cfg.token_expiration_min
-        front_door.replace_keys(tmp, key, expires, ts_keys["inference"]["key"])
-    return key_expiry(run_dir)
+        front_door.replace_keys(tmp, key, expires, ts_keys["inference"]["key"],
+                                (ts_keys["management"]["key"], ts_keys["API"]["key"]))
+    return {**key_expiry(ts_dir(run_dir, cfg)), **key_expiry(run_dir)}

@@ -23,6 +23,7 @@ from zoo.tools.serve.config import (
     KEY_FILE,
     MAIN_CLASS,
     SERVING_DIR,
+    ArchiveOptions,
     ServeError,
     ServerConfig,
     resolve_checkpoint,
@@ -110,10 +111,13 @@ def _torchserve_command(cfg: ServerConfig, run_dir: Path, tmp: Path, response_ti
     """TorchServe's config.properties rendered into the run dir, and the Java command line that reads it."""
     store = run_dir / "model-store"
     metrics_cfg = shutil.copy(SERVING_DIR / "metrics.yaml", run_dir / "metrics.yaml")
-    ts_inference = f"unix:{tmp / 'inference.sock'}" if cfg.front_door else cfg.url("inference")
-    (tmp / "inference.sock").unlink(missing_ok=True)
+    addresses = {kind: f"unix:{tmp / (kind + '.sock')}" if cfg.front_door else cfg.url(kind)
+                 for kind in ("inference", "management", "metrics")}
+    for kind in addresses:
+        (tmp / f"{kind}.sock").unlink(missing_ok=True)
     conf = render(SERVING_DIR / "config.properties", run_dir / "config.properties", {
-        **asdict(cfg), "ts_inference_address": ts_inference, "model_store": store, "metrics_config": metrics_cfg,
+        **asdict(cfg), **{f"ts_{kind}_address": a for kind, a in addresses.items()}, "model_store": store,
+        "metrics_config": metrics_cfg,
         "workflow_store": _no_workflows(run_dir), "use_native_io": cfg.front_door,
         "load_models": ",".join(f"{n}={n}.mar" for n in cfg.models), "response_timeout": response_timeout})
     import ts
@@ -147,18 +151,21 @@ def launch_torchserve(cfg: ServerConfig, run_dir: Path, tmp: Path, response_time
 
 
 def start_front_door(cfg: ServerConfig, run_dir: Path, tmp: Path, logs: Path, response_timeout: int, proc,
-                     timeout: float) -> subprocess.Popen:
-    """HAProxy on the public inference address, forwarding to TorchServe's inference socket."""
+                     timeout: float, limits: ArchiveOptions | None = None) -> subprocess.Popen:
+    """HAProxy on the public inference address, forwarding to TorchServe's inference socket (``limits``: the
+    archives' request limits, where this start built them: the front door refuses bodies over them by size)."""
     ts_auth = not cfg.disable_token_auth
     if ts_auth:
         ts_keys = wait_ts_keys(run_dir, cfg, proc, timeout)
         front_door.write_backend_map(tmp, ts_keys["inference"]["key"])
+        front_door.write_management_map(tmp, ts_keys["management"]["key"], ts_keys["API"]["key"])
         write_client_keys(run_dir, tmp, cfg, ts_keys)
     checkpoints = {name: resolve_checkpoint(source) for name, source in cfg.models.items()}
     conf = front_door.render(cfg, run_dir / "front", tmp, checkpoints, response_timeout,
-                             f"unix@{tmp / 'inference.sock'}", ts_auth)
+                             f"unix@{tmp / 'inference.sock'}", ts_auth, limits)
     for name in ("http.sock", "admin.sock"):
         (tmp / name).unlink(missing_ok=True)
     with open(logs / "front.log", "ab") as out:
         return subprocess.Popen([front_door.haproxy(), "-db", "-f", str(conf)], cwd=conf.parent, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=front_door.proxy_env())

@@ -106,7 +106,8 @@ def start_server(models: list[tuple[str, str]], run_dir: Path, cfg: ServerConfig
     try:
         front = None
         if cfg.front_door:
-            front = start_front_door(cfg, run_dir, tmp, run_dir / "logs", response_timeout, proc, timeout)
+            front = start_front_door(cfg, run_dir, tmp, run_dir / "logs", response_timeout, proc, timeout,
+                                     (options or ArchiveOptions()) if build else None)
             state["front_pid"] = front.pid
             state["processes"]["front door"] = supervise.record(front.pid)
             save_state(run_dir, state)
