@@ -81,14 +81,14 @@ def test_a_fresh_request_takes_the_next_turn_and_long_ones_take_turns_in_order(s
     """Beside 16 long jobs, a fresh one-step request is done in the call that starts it after its own turn and
     one long job's (a round of every job's step came first before; one long turn per call, so a stream of short
     requests never starves them), and the long jobs then take one step each per 16 turns."""
-    sched = Scheduler(service, step_tokens=16)
+    sched, native = Scheduler(service, step_tokens=16), NativeDialect(service, "tiny")
     longs = [f"long{i}" for i in range(16)]
     for key in longs:
-        sched.admit(key, parse_request({"text": LONG}, LIMITS))
+        sched.admit(key, parse_request({"text": LONG}, LIMITS), native)
     for _ in range(40):
         sched.run(longs, 0.0)
     before = {k: sched.jobs[k].steps_run for k in longs}
-    sched.admit("short", parse_request({"text": SHORT}, LIMITS))
+    sched.admit("short", parse_request({"text": SHORT}, LIMITS), native)
     sched.run([*longs, "short"], 0.0)
     advanced = [k for k in longs if sched.jobs[k].steps_run != before[k]]
     assert sched.jobs["short"].done and len(advanced) == 1, advanced
@@ -103,16 +103,18 @@ def test_long_requests_hold_at_most_their_places_and_short_ones_always_start(ser
     refused at once with 503 (ServerBusy, Retry-After), a one-step request is still admitted and a freed place
     is taken again."""
     sched = Scheduler(service, step_tokens=16, max_generations=4, max_long=2)
-    sched.admit("a", parse_request({"text": LONG}, LIMITS))
-    sched.admit("g", parse_request({"task": "generate", "prompt": "the", "max_new_tokens": 5}, LIMITS))
+    native = NativeDialect(service, "tiny")
+    sched.admit("a", parse_request({"text": LONG}, LIMITS), native)
+    sched.admit("g", parse_request({"task": "generate", "prompt": "the", "max_new_tokens": 5}, LIMITS), native)
     with pytest.raises(ServerBusy) as busy:
-        sched.admit("b", parse_request({"texts": [SHORT] * 4}, LIMITS))  # 4 texts: more than one 16-token step
+        # 4 texts: more than one 16-token step
+        sched.admit("b", parse_request({"texts": [SHORT] * 4}, LIMITS), native)
     assert error_status(busy.value) == 503 and "long requests" in str(busy.value)
-    sched.admit("s", parse_request({"text": SHORT}, LIMITS))  # one step: not affected
+    sched.admit("s", parse_request({"text": SHORT}, LIMITS), native)  # one step: not affected
     sched.run(["s"], 0.0)
     assert sched.jobs["s"].done
     sched.forget(["a"])
-    sched.admit("b", parse_request({"texts": [SHORT] * 4}, LIMITS))
+    sched.admit("b", parse_request({"texts": [SHORT] * 4}, LIMITS), native)
 
 
 def test_generation_in_steps_equals_the_python_api(service):
