@@ -127,9 +127,8 @@ def input_char_bits(nll: float, num_chars: int, num_unseen_chars: int) -> dict[s
     tokenise differently (see the module docstring)."""
     if not num_chars:
         return {"bits_per_input_char": None, "bits_per_input_char_charged": None}
-    bits = nll / LN2
-    return {"bits_per_input_char": bits / num_chars,
-            "bits_per_input_char_charged": (bits + UNSEEN_CHAR_BITS * num_unseen_chars) / num_chars}
+    return {"bits_per_input_char": nll / (LN2 * num_chars),  # (this order: the recorded cards' exact floats)
+            "bits_per_input_char_charged": (nll / LN2 + UNSEEN_CHAR_BITS * num_unseen_chars) / num_chars}
 
 
 def unseen_chars(enc: Any) -> int:
