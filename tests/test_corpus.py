@@ -60,7 +60,7 @@ def assert_same_scores(row: dict, res: dict, what: str = "") -> None:
     for k in SCORE_FIELDS:
         if k == "ppl":  # exp(avg_nll): relative differences grow by avg_nll, so its exponent is compared
             assert_close(math.log(row[k]), math.log(res[k]), f"{what} log ppl")
-        elif k in ("nll", "avg_nll", "bits_per_token", "bits_per_input_char"):
+        elif k in ("nll", "avg_nll", "bits_per_token", "bits_per_input_char", "bits_per_input_char_charged"):
             assert_close(row[k], res[k], f"{what} {k}")
         else:
             assert row[k] == res.get(k), f"{what} {k}"
