@@ -82,12 +82,10 @@ def test_a_wheel_built_from_the_sdist_is_the_same(wheel, tmp_path):
     assert sorted(zipfile.ZipFile(whl).namelist()) == sorted(zipfile.ZipFile(wheel).namelist())
 
 
-@pytest.fixture(scope="module")
-def plain_install(wheel, tmp_path_factory):
-    """A fresh venv with the wheel installed, reusing this interpreter's torch (and the other dependencies, lm_eval
-    included) through a path entry, without this checkout's editable install and its .pth files (a plain path
-    entry does not run them). Yields the venv and its site-packages."""
-    venv = tmp_path_factory.mktemp("plain") / "venv"
+def install_in_fresh_venv(wheel: Path, venv: Path) -> str:
+    """A fresh venv at ``venv`` with ``wheel`` installed, reusing this interpreter's torch (and the other
+    dependencies) through a plain path entry, which does not run this checkout's editable install and its .pth
+    files. Returns its site-packages."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -96,7 +94,16 @@ def plain_install(wheel, tmp_path_factory):
     res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
                           "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    yield venv, site
+    return site
+
+
+@pytest.fixture(scope="module")
+def plain_install(wheel, tmp_path_factory):
+    """A fresh venv with the wheel installed, reusing this interpreter's torch (and the other dependencies, lm_eval
+    included) through a path entry, without this checkout's editable install and its .pth files (a plain path
+    entry does not run them). Yields the venv and its site-packages."""
+    venv = tmp_path_factory.mktemp("plain") / "venv"
+    yield venv, install_in_fresh_venv(wheel, venv)
     shutil.rmtree(venv, ignore_errors=True)
 
 

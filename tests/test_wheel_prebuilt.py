@@ -15,14 +15,13 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 
 import zoo
-from tests.test_wheel import _source_copy
+from tests.test_wheel import _source_copy, install_in_fresh_venv
 
 REPO = Path(__file__).resolve().parent.parent
 TEXT = "the company said its profit rose in the third quarter"
@@ -51,17 +50,9 @@ def _build(tmp: Path, **env: str) -> Path:
 
 
 def _install(wheel: Path, root: Path) -> Path:
-    """A fresh venv with ``wheel`` installed, reusing this interpreter's torch (and other dependencies) through a
-    plain path entry (its .pth files, this checkout's editable install among them, are not run)."""
+    """A fresh venv under ``root`` with ``wheel`` installed (test_wheel's way: this interpreter's torch reused)."""
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    py = venv / "bin" / "python"
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    Path(site, "reuse_torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    res = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-                          "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    install_in_fresh_venv(wheel, venv)
     return venv
 
 
