@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -119,11 +119,83 @@ class Server:
         kw.setdefault("timeout", HTTP_TIMEOUT)
         return self.http.post(url or self.url, data=data, headers=headers, **kw)
 
-    def workers(self) -> list[dict]:
+    def describe(self) -> dict:
         r = self.http.get(f"{self.management}/models/{self.name}", timeout=HTTP_TIMEOUT,
                           headers={"Authorization": f"Bearer {self.management_key}"})
         r.raise_for_status()
-        return r.json()[0]["workers"]
+        return r.json()[0]
+
+    def workers(self) -> list[dict]:
+        return self.describe()["workers"]
+
+    def pending(self) -> int:
+        """Requests waiting in TorchServe's job queue (not yet handed to the worker)."""
+        return int(self.describe()["jobQueueStatus"]["pendingRequests"])
+
+
+class HeldWorker:
+    """The worker stopped (SIGSTOP) until the block ends, with TorchServe's frontend waiting on it: what the test
+    :meth:`send` s meanwhile queues in TorchServe's job queue in the order sent, and reaches the worker together,
+    in that order, in the call after it resumes (SIGCONT). What a test needs running at once (four generations
+    when a fifth arrives, a score beside generations, a batch) is then certain, whatever the model's speed.
+
+    How: TorchServe's frontend collects a batch for up to ``max_batch_delay`` (100 ms) after its first request,
+    then waits for the worker's reply; while it waits nothing leaves the queue (continuous batching then adds every
+    queued request, in order, to the next call). So the block first sends short scores (plugs) until one stays in
+    the queue for two batch windows: the batch before it went to the stopped worker. The plugs fit one step: they
+    are answered in the call that starts them, and in a call with a plug every generation gets about one step (the
+    scheduler's turns)."""
+
+    PLUG = {"task": "score", "texts": [TEXTS[0]]}
+
+    def __init__(self, server: Server, pool: ThreadPoolExecutor):
+        self.server, self.pool = server, pool
+        self.worker = psutil.Process(server.workers()[0]["pid"])
+        self.plugs: list = []
+
+    def send(self, fn, *args) -> Future:
+        """``fn(*args)`` in the pool (a request), returned once TorchServe has queued it."""
+        before = self.server.pending()
+        future = self.pool.submit(fn, *args)
+        assert self.wait_queued(before + 1, HTTP_TIMEOUT), f"a request never reached TorchServe's queue: {before}"
+        return future
+
+    def wait_queued(self, n: int, timeout: float) -> bool:
+        """Whether TorchServe's queue holds ``n`` requests within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.server.pending() < n:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _stays_queued(self, seconds: float) -> bool:
+        """Whether the queue keeps a request for ``seconds`` (2x the batch window here): nothing takes from it, so
+        the frontend waits on the stopped worker. (A request can be seen queued for the moment before a batch
+        being collected takes it.)"""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.server.pending() < 1:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def __enter__(self) -> HeldWorker:
+        self.worker.suspend()
+        try:
+            for _ in range(10):  # the first plug at least is taken into the batch that waits for the worker
+                self.plugs.append(self.pool.submit(self.server.post, self.PLUG))
+                if self.wait_queued(1, 0.15) and self._stays_queued(0.2):
+                    return self
+            raise AssertionError("no request stayed in TorchServe's queue while the worker was stopped")
+        except BaseException:
+            self.worker.resume()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.worker.resume()
+        if exc[0] is None:
+            assert [plug.result().status_code for plug in self.plugs] == [200] * len(self.plugs)
 
 
 @pytest.fixture(scope="module")
@@ -291,27 +363,30 @@ def test_generate_streams_ndjson_chunks(server):
 def test_scoring_is_not_held_up_by_running_generations(server):
     """Generations advance a time slice per worker call (continuous batching): a score request sent while four
     long generations stream is answered before they end, with the numbers it gets alone. (Before, a batch
-    ran its generations to the end first, so a score request that shared it waited for all of them.)"""
+    ran its generations to the end first, so a score request that shared it waited for all of them.)
+
+    Under way for certain, whatever the model's speed: the four generations and then the score reach the held
+    worker together (:class:`HeldWorker`; they raced the model's speed before)."""
     cap = LIMITS["max_new_tokens"]
     gen = {"task": "generate", "prompt": "the", "max_new_tokens": cap, "stop_at_eos": False, "stream": True}
-    first_line = threading.Barrier(5)
     ended: list[float] = []
 
     def stream(seed: int) -> list[dict]:
         with server.post({**gen, "seed": seed}, stream=True) as r:
             assert r.status_code == 200
-            lines, lines_iter = [], (json.loads(x) for x in r.iter_lines() if x)
-            lines.append(next(lines_iter))
-            first_line.wait(timeout=HTTP_TIMEOUT)
-            lines += list(lines_iter)
+            lines = [json.loads(x) for x in r.iter_lines() if x]
         ended.append(time.perf_counter())
         return lines
 
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(stream, seed) for seed in range(4)]
-        first_line.wait(timeout=HTTP_TIMEOUT)  # every generation is under way
+    def score() -> tuple[requests.Response, float]:
         r = server.post({"task": "score", "texts": [TEXTS[0]]})
-        scored = time.perf_counter()
+        return r, time.perf_counter()
+
+    with ThreadPoolExecutor(8) as pool:
+        with HeldWorker(server, pool) as held:
+            futures = [held.send(stream, seed) for seed in range(4)]
+            scoring = held.send(score)
+        r, scored = scoring.result()
         streams = [f.result() for f in futures]
     assert r.status_code == 200
     _assert_reports_close(r.json(), server.model.score([TEXTS[0]]).to_dict())
@@ -601,25 +676,24 @@ def test_a_clients_api_header_never_switches_the_native_route(server):
 
 def test_generations_never_take_every_place(server):
     """With batch size 8, at most 4 generations run at once: a fifth is answered 503 with Retry-After at once,
-    and a score request sent meanwhile is answered."""
+    and a score request sent meanwhile is answered.
+
+    Four running for certain, whatever the model's speed: the four streams, then the fifth and the score, reach
+    the held worker together, in that order (:class:`HeldWorker`; 64-token streams raced the fifth before)."""
     gen = {"task": "generate", "prompt": "the", "max_new_tokens": LIMITS["max_new_tokens"], "stop_at_eos": False,
            "stream": True}
-    opened = threading.Barrier(5)
 
     def stream(seed: int) -> int:
         with server.post({**gen, "seed": seed}, stream=True) as r:
-            lines = r.iter_lines(chunk_size=1)
-            if r.status_code == 200:
-                next(lines)
-            opened.wait(timeout=HTTP_TIMEOUT)
-            done = [json.loads(x) for x in lines if x][-1]
+            done = [json.loads(x) for x in r.iter_lines(chunk_size=1) if x][-1]
             return r.status_code if done.get("done") else 0
 
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(stream, seed) for seed in range(4)]
-        opened.wait(timeout=HTTP_TIMEOUT)
-        busy = server.post({**gen, "stream": False})
-        scored = server.post({"task": "score", "texts": [TEXTS[0]]})
+    with ThreadPoolExecutor(8) as pool:
+        with HeldWorker(server, pool) as held:
+            futures = [held.send(stream, seed) for seed in range(4)]
+            fifth = held.send(server.post, {**gen, "stream": False})
+            scoring = held.send(server.post, {"task": "score", "texts": [TEXTS[0]]})
+        busy, scored = fifth.result(), scoring.result()
         codes = [f.result() for f in futures]
     assert codes == [200] * 4
     assert busy.status_code == 503 and int(busy.headers["Retry-After"]) >= 1
@@ -641,18 +715,17 @@ def test_concurrent_requests_are_batched_with_unbatched_scores(server):
         return r, ([json.loads(x) for x in r.text.splitlines() if x] if body.get("stream") else r.json())
 
     expected_text = server.model.generate("the dog", max_new_tokens=12, seed=5)
-    batch_sizes: list[int] = []
-    for _ in range(3):  # batching depends on timing; a 100 ms batch window makes it near certain
-        with ThreadPoolExecutor(len(bodies)) as pool:
-            replies = list(pool.map(send, bodies))
-        assert [r.status_code for r, _ in replies] == [200] * len(replies)
-        for body, (_, reply) in zip(bodies[:-2], replies[:-2], strict=True):
-            _assert_reports_close(reply, server.model.score(body["texts"]).to_dict())
-        assert replies[-2][1]["text"] == expected_text
-        assert "".join(c["text"] for c in replies[-1][1]) == expected_text and replies[-1][1][-1]["done"]
-        batch_sizes += [int(r.headers["X-Zoo-Batch-Size"]) for r, _ in replies]
-        if max(batch_sizes) > 1:
-            break
+    with ThreadPoolExecutor(len(bodies) + 10) as pool:  # batched for certain: they reach the held worker together
+        with HeldWorker(server, pool) as held:
+            futures = [pool.submit(send, body) for body in bodies]
+            assert held.wait_queued(len(bodies), HTTP_TIMEOUT), server.pending()
+        replies = [f.result() for f in futures]
+    assert [r.status_code for r, _ in replies] == [200] * len(replies)
+    for body, (_, reply) in zip(bodies[:-2], replies[:-2], strict=True):
+        _assert_reports_close(reply, server.model.score(body["texts"]).to_dict())
+    assert replies[-2][1]["text"] == expected_text
+    assert "".join(c["text"] for c in replies[-1][1]) == expected_text and replies[-1][1][-1]["done"]
+    batch_sizes = [int(r.headers["X-Zoo-Batch-Size"]) for r, _ in replies]
     assert max(batch_sizes) > 1, batch_sizes
 
 
@@ -669,19 +742,18 @@ def test_poisoned_batch_answers_every_good_request(server):
         barrier.wait(timeout=HTTP_TIMEOUT)
         return server.post(body)
 
-    batch_sizes: list[int] = []
-    for _ in range(3):
-        with ThreadPoolExecutor(len(bodies)) as pool:
-            replies = list(pool.map(send, bodies))
-        for body, r in zip(bodies, replies, strict=True):
-            if isinstance(body, bytes):
-                assert r.status_code == 400 and r.json()["type"] == "BadRequest", r.text
-            else:
-                assert r.status_code == 200, r.text
-                _assert_reports_close(r.json(), server.model.score(body["texts"]).to_dict())
-        batch_sizes += [int(r.headers.get("X-Zoo-Batch-Size", 1)) for r in replies]
-        if max(batch_sizes) > 1:
-            break
+    with ThreadPoolExecutor(len(bodies) + 10) as pool:  # batched for certain: they reach the held worker together
+        with HeldWorker(server, pool) as held:
+            futures = [pool.submit(send, body) for body in bodies]
+            assert held.wait_queued(len(bodies), HTTP_TIMEOUT), server.pending()
+        replies = [f.result() for f in futures]
+    for body, r in zip(bodies, replies, strict=True):
+        if isinstance(body, bytes):
+            assert r.status_code == 400 and r.json()["type"] == "BadRequest", r.text
+        else:
+            assert r.status_code == 200, r.text
+            _assert_reports_close(r.json(), server.model.score(body["texts"]).to_dict())
+    batch_sizes = [int(r.headers.get("X-Zoo-Batch-Size", 1)) for r in replies]
     assert max(batch_sizes) > 1, batch_sizes  # the poison really shared a batch with good requests
 
 
