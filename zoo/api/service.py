@@ -59,9 +59,10 @@ class Limits:
     max_total_chars: int = 100_000
     # the budgets count a request's work: a score request's padded positions (zoo.scoring.padded_positions), and
     # prompt + generated tokens together on both routes. The largest allowed request of each shape on the default
-    # model, one thread (benchmarks/request_cost.py, 2026-11-28, load 9): score 0.54-0.92 CPU-s (one text at the
-    # character cap, few long texts, 64 texts, 15 one-word texts beside a long one); generate 1.69; /v1/completions
-    # 1.15 (64 prompts read, echo + logprobs), 1.72 (a prompt + 512 generated), 1.92 (8 prompts x 72 generated)
+    # model, one thread (benchmarks/request_cost.py, 2026-11-28, a quiet machine): score 0.48-0.75 CPU-s (one text at
+    # the character cap, few long texts, 64 texts, 15 one-word texts beside a long one); generate 1.02;
+    # /v1/completions 0.94 (64 prompts read, echo + logprobs), 1.16 (a prompt + 512 generated), 0.99 (8 prompts x 72
+    # generated)
     max_total_tokens: int = 2_400
     max_generate_tokens: int = 640
     max_prompt_chars: int = 10_000
