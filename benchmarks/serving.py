@@ -92,9 +92,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def load(url: str, key: str, texts: list[str], clients: int, seconds: float, warmup: float,
-         generators: int = 0, gen_tokens: int = 50) -> dict[str, Any]:
+         generators: int = 0, gen_tokens: int = 50, completions: str = "") -> dict[str, Any]:
     """Closed-loop load: each client sends its next request as soon as the previous one returns. ``clients``
-    score one sentence per request; ``generators`` more clients generate ``gen_tokens`` tokens per request."""
+    score one sentence per request (on ``/v1/completions`` of model ``completions`` where given: echo, no new token,
+    the prompt's log-probabilities, as lm-eval's ``local-completions`` asks); ``generators`` more clients generate
+    ``gen_tokens`` tokens per request. Each client connects from its own loopback address
+    (:func:`zoo.tools.ports.loopback_session`): the server tells clients apart by their address."""
     lock = threading.Lock()
     latencies: list[float] = []
     batch_sizes: list[int] = []
@@ -104,9 +107,10 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
     start = time.perf_counter() + warmup
     stop_at = start + seconds
 
+    target = url.rsplit("/predictions/", 1)[0] + "/v1/completions" if completions else url
+
     def client(idx: int, generate: bool) -> None:
-        http = requests.Session()
-        http.trust_env = False
+        http = ports.loopback_session(idx)
         headers = {"Authorization": f"Bearer {key}"}
         i = idx
         while True:
@@ -116,14 +120,18 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
             if generate:
                 body: dict[str, Any] = {"task": "generate", "prompt": texts[i % len(texts)][:40],
                                         "max_new_tokens": gen_tokens, "seed": i, "stop_at_eos": False}
+            elif completions:
+                body = {"model": completions, "prompt": texts[i % len(texts)], "max_tokens": 0, "echo": True,
+                        "logprobs": 1}
             else:
                 body = {"task": "score", "texts": [texts[i % len(texts)]]}
             i += clients + generators
             try:
-                r = http.post(url, json=body, headers=headers, timeout=120)
+                r = http.post(target if not generate else url, json=body, headers=headers, timeout=120)
                 ok, note = r.status_code == 200, f"HTTP {r.status_code}"
                 batch = int(r.headers.get("X-Zoo-Batch-Size", 0))
                 tokens = r.json().get("num_tokens", 0) if ok and generate else 0
+                ok = ok and (not completions or generate or "choices" in r.json())
             except (requests.RequestException, ValueError) as e:
                 ok, note, batch, tokens = False, type(e).__name__, 0, 0
             t1 = time.perf_counter()
@@ -159,6 +167,87 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
     return out
 
 
+def ceiling(service: Any, texts: list[str], batch: int, seconds: float, threads: int) -> dict[str, Any]:
+    """The in-process ceiling: :meth:`zoo.api.service.Service.score` on batches of ``batch`` one-sentence requests
+    back to back for ``seconds`` (the worker's model work, batched as its places allow, with none of the server's
+    costs), with as many torch threads as the worker has."""
+    import torch
+
+    from zoo.api.service import ScoreRequest
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        service.score([ScoreRequest((t,)) for t in texts[:batch]])
+        done, i, t0 = 0, 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            replies = service.score([ScoreRequest((texts[(i + k) % len(texts)],)) for k in range(batch)])
+            assert not any(isinstance(r, Exception) for r in replies)
+            done, i = done + batch, i + batch
+        return {"requests_per_s": done / (time.perf_counter() - t0), "batch": batch, "seconds": seconds}
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_ceiling(name: str, source: str, args: argparse.Namespace, texts: list[str]) -> dict[str, Any]:
+    """Rounds of: each client count on the native route and on ``/v1/completions`` through the front door (one
+    server, the defaults), each load just after its own in-process ceiling (half as long), as a share of it: the
+    machine's speed drifts by 10-20% between minutes, so a ceiling is compared only with the load beside it."""
+    from zoo.api.service import Service
+
+    ports = free_ports(4)
+    cfg = ServerConfig(inference_port=ports[0], management_port=ports[1], metrics_port=ports[2], worker_port=ports[3])
+    opts = ArchiveOptions(threads=args.threads)
+    service = Service(ZooModel.from_pretrained(resolve_checkpoint(source)))
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="zoo-bench-ceiling-") as tmp:
+        run_dir = Path(tmp)
+        start_server([(name, source)], run_dir, cfg, opts, timeout=300)
+        try:
+            url = f"{cfg.url('inference')}/predictions/{name}"
+            key = read_keys(run_dir)["inference"]
+            load(url, key, texts, max(args.ceiling_clients), args.warmup, 0.0)  # the server's first requests
+            for r in range(args.rounds):
+                row: dict[str, Any] = {}
+                for clients in args.ceiling_clients:
+                    for route, model in (("native", ""), ("v1", name)):
+                        top = ceiling(service, texts, opts.batch_size, args.duration / 2, args.threads)
+                        res = load(url, key, texts, clients, args.duration, args.warmup, completions=model)
+                        res["ceiling"] = top
+                        res["share_of_ceiling"] = res["requests_per_s"] / top["requests_per_s"]
+                        row[f"{route} {clients} clients"] = res
+                        print(f"round {r + 1}: {route}, {clients} clients: {res['requests_per_s']:.1f} req/s = "
+                              f"{res['share_of_ceiling']:.2f} of the ceiling ({top['requests_per_s']:.1f}), p50 "
+                              f"{res['p50_ms']:.1f} ms, errors {res['errors']} {res['error_kinds']}", flush=True)
+                rounds.append(row)
+        finally:
+            stop_server(run_dir)
+    shares = {k: sorted(r[k]["share_of_ceiling"] for r in rounds) for k in rounds[0]}
+    return {"rounds": rounds, "batch_size": opts.batch_size, "share_of_ceiling": shares,
+            "median_share": {k: percentile(v, 0.5) for k, v in shares.items()}}
+
+
+def ceiling_markdown(result: dict[str, Any]) -> str:
+    rows = ["| load (each client one PTB sentence per request) | requests/s per round | its ceiling per round | "
+            "share of the ceiling per round | median share | p50 ms | errors |", "|---|---|---|---|---:|---:|---:|"]
+    rounds = result["ceiling"]["rounds"]
+    for key, median in result["ceiling"]["median_share"].items():
+        route, clients = key.split(" ", 1)
+        where = "`/v1/completions` (echo, logprobs 1)" if route == "v1" else "native `/predictions`"
+        rows.append(f"| {clients}, {where} | " + ", ".join(f"{r[key]['requests_per_s']:.1f}" for r in rounds)
+                    + " | " + ", ".join(f"{r[key]['ceiling']['requests_per_s']:.1f}" for r in rounds) + " | "
+                    + ", ".join(f"{r[key]['share_of_ceiling']:.2f}" for r in rounds) + f" | {median:.2f} | "
+                    + f"{percentile([r[key]['p50_ms'] for r in rounds], 0.5):.1f} | "
+                    + f"{sum(r[key]['errors'] for r in rounds)} |")
+    beside = f"; running beside: {result['running_beside']}" if result.get("running_beside") else ""
+    return (f"Measured {result['date']} on {_model_named(result)} ({result['machine']['platform']}, "
+            f"{result['machine']['cpu_count']} CPUs, load average at the end "
+            f"{result['machine']['load_avg_at_end'][0]:.1f}{beside}), through the front door with the defaults, "
+            f"{result['duration_s']:.0f} s per load, each just after its in-process ceiling (`Service.score` on "
+            f"batches of {result['ceiling']['batch_size']} one-sentence requests, one thread, half as long); target: "
+            "at least 0.85 of the ceiling:\n\n" + "\n".join(rows))
+
+
 def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hostile: Any,
                        hostile_clients: int, honest_clients: int = 4) -> dict[str, Any]:
     """``honest_clients`` scoring one sentence each back to back for ``seconds``, beside ``hostile_clients`` looping
@@ -173,18 +262,14 @@ def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hos
     stop = threading.Event()
     headers = {"Authorization": f"Bearer {key}"}
 
-    def session() -> requests.Session:
-        http = requests.Session()
-        http.trust_env = False
-        return http
-
-    def hostile_loop(hostile: Hostile) -> None:
+    def hostile_loop(hostile: Hostile, client: int) -> None:
         if hostile.abandon:
             while not stop.is_set():
-                abandon(url, key, hostile.body, hostile.abandon)
+                abandon(url, key, hostile.body, hostile.abandon, client)
                 stop.wait(10)
             return
-        http, target = session(), url.rsplit("/predictions/", 1)[0] + hostile.path if hostile.path else url
+        http = ports.loopback_session(client)
+        target = url.rsplit("/predictions/", 1)[0] + hostile.path if hostile.path else url
         while not stop.is_set():
             try:
                 r = http.post(target, headers={**headers, "Content-Type": "application/json"}, timeout=300,
@@ -197,7 +282,7 @@ def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hos
             stop.wait(wait)
 
     def honest_loop(k: int, stop_at: float) -> None:
-        http, i = session(), k
+        http, i = ports.loopback_session(k), k
         while time.perf_counter() < stop_at:
             t0 = time.perf_counter()
             try:
@@ -209,7 +294,8 @@ def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hos
                 honest.append((time.perf_counter() - t0, code))
             i += honest_clients
 
-    bad = [threading.Thread(target=hostile_loop, args=(h,), daemon=True) for h, n in mix for _ in range(n)]
+    hostiles = [h for h, n in mix for _ in range(n)]  # each a client of its own, from its own address
+    bad = [threading.Thread(target=hostile_loop, args=(h, 100 + j), daemon=True) for j, h in enumerate(hostiles)]
     for t in bad:
         t.start()
     time.sleep(2.0 if bad else 0.0)
@@ -240,8 +326,9 @@ class Hostile:
     abandon: int = 0
 
 
-def abandon(url: str, key: str, body: Any, n: int) -> None:
-    """Send ``body`` ``n`` times on raw connections, hanging up 50 ms after each (one connection open at a time)."""
+def abandon(url: str, key: str, body: Any, n: int, client: int = 0) -> None:
+    """Send ``body`` ``n`` times on raw connections from client ``client``'s address, hanging up 50 ms after each (one
+    connection open at a time)."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
@@ -249,7 +336,8 @@ def abandon(url: str, key: str, body: Any, n: int) -> None:
     head = (f"POST {parts.path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode()
     for _ in range(n):
-        with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
+        with socket.create_connection((parts.hostname, parts.port), timeout=10,
+                                      source_address=(ports.loopback_address(client), 0)) as s:
             s.sendall(head + data)
             time.sleep(0.05)
 
@@ -421,6 +509,10 @@ def main() -> None:
     ap.add_argument("--note", default="", help="what else ran on the machine (recorded in the JSON and table)")
     ap.add_argument("--no-mixed", action="store_true", help="skip the mixed score + generate load")
     ap.add_argument("--fairness", action="store_true", help="honest clients beside hostile ones (module docstring)")
+    ap.add_argument("--ceiling", action="store_true", help="throughput against the in-process ceiling (the module "
+                    "docstring); writes benchmarks/results/serving_ceiling.json")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the --ceiling measurement")
+    ap.add_argument("--ceiling-clients", type=int, nargs="+", default=[16, 64], help="client counts of --ceiling")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/serving.json (serving_fairness.json)")
     args = ap.parse_args()
 
@@ -428,6 +520,17 @@ def main() -> None:
     model = ZooModel.from_pretrained(resolve_checkpoint(source))
     texts = sentences()
     results = Path(__file__).parent / "results"
+    machine = {"cpu_count": os.cpu_count(), "platform": platform.platform()}
+    if args.ceiling:
+        res = {"model": args.model, "checkpoint": str(resolve_checkpoint(source)),
+               "num_parameters": model.num_parameters, "duration_s": args.duration,
+               "ceiling": run_ceiling(name, source, args, texts), "running_beside": args.note,
+               "machine": {**machine, "load_avg_at_end": os.getloadavg()},
+               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        text = ceiling_markdown(res)
+        print(text)
+        write_result(args.out or results / "serving_ceiling.json", res, text)
+        return
     if args.fairness:
         fair = {"model": args.model, "checkpoint": str(resolve_checkpoint(source)),
                 "num_parameters": model.num_parameters, "duration_s": args.duration,

@@ -20,11 +20,12 @@ fails its own request with a 500, never the batch).
 
 The archive runs with TorchServe's continuous batching (``continuousBatching: true``): a request stays in the
 batch until its reply is complete, and the frontend hands the worker the new requests that arrived meanwhile
-together with the jobs still running. A call runs rounds for ``gen_slice_ms`` or until a job finishes, whichever
-is first (a short request is answered in the call that starts it, and a finished reply leaves at once); a call
-that only closes finished replies runs none. Each call answers every request of its batch: finished ones with
-their reply (``ts_stream_next: false``), running ones with their next chunk (``ts_stream_next: true``), and errors
-as whole responses that the frontend drops (:meth:`TorchServeHandler._progress` has the protocol).
+together with the jobs still running. A call runs the new requests first (those that fit one step together, in one
+model call: :meth:`zoo.api.scheduler.Scheduler.run`), then turns for ``gen_slice_ms`` or until a job finishes,
+whichever is first; each call answers every request of its batch: a reply that starts and ends in it whole, 200 or
+error, running ones with their next chunk (``ts_stream_next: true``), a reply over several calls ending with its last
+chunk (``ts_stream_next: false``; :meth:`TorchServeHandler._progress` has the protocol). Each request's client (the
+front door's ``X-Zoo-Client``: the peer's address) is the scheduler's, for fair turns and shares between clients.
 
 Ready means ready: :meth:`TorchServeHandler.initialize` scores a short text and takes one generation step before it
 returns, so TorchServe reports the model READY only once it can answer at full speed (the compiled loops are
@@ -54,6 +55,9 @@ except ImportError as e:  # the worker's Python must be the project's environmen
                       f"`zoo serve start`, which runs the workers with the project's Python") from None
 
 TOKENS_METRIC = "zoo_tokens_scored_total"
+#: Who sent a request: the front door sets it to the connection's peer address (a client's own value is replaced;
+#: without the front door, absent: each request is a client of its own). Turns and shares are fair between clients.
+CLIENT_HEADER = "x-zoo-client"
 
 
 # -- the adapter ----------------------------------------------------------------------------------------------
@@ -69,11 +73,8 @@ class TorchServeHandler:
         self.dialects: dict[str, Dialect] = {}
         self.tokens_metric: Any = None
         self.model_name = "model"
-        #: requests whose whole reply went out in the previous call, closed by an empty last chunk in this one
-        self.closing: set[str] = set()
-        #: requests answered with an error (a whole response): TorchServe drops them when their connection closes
-        self.dropping: set[str] = set()
         self.slice_s = 0.02
+        self.scored = 0  # tokens scored by the requests answered in this call (the metric, once per call)
 
     @property
     def model(self) -> ZooModel | None:
@@ -105,7 +106,8 @@ class TorchServeHandler:
         gens = int(cfg.get("max_generations") or max(1, batch // 2))
         # a quarter of the places (at least one) kept for requests that fit one step (zoo.api.scheduler.Scheduler)
         long = int(cfg.get("max_long") or max(1, batch - max(1, batch // 4)))
-        self.scheduler = Scheduler(self.service, int(cfg.get("step_tokens") or STEP_TOKENS), gens, long)
+        self.scheduler = Scheduler(self.service, int(cfg.get("step_tokens") or STEP_TOKENS), gens, long,
+                                   cfg.get("client_long"))
         self._warm_up()
         try:
             from ts.metrics.metric_type_enum import MetricTypes
@@ -148,27 +150,17 @@ class TorchServeHandler:
         started = time.perf_counter()
         n = len(data)
         ids = [str(context.request_ids[i]) for i in range(n)]
-        present = set(ids)
-        self.scheduler.forget(set(self.scheduler.jobs) - present)  # the frontend dropped them (client gone)
-        self.closing &= present
-        self.dropping &= present
+        self.scheduler.forget(set(self.scheduler.jobs) - set(ids))  # the frontend dropped them (client gone)
         out: list[bytes] = [b""] * n
-        more: list[bool | None] = [False] * n
+        more: list[bool | None] = [None] * n
         fresh: set[int] = set()
-        closing = False
         for i, row in enumerate(data):
-            if ids[i] in self.closing:
-                self.closing.discard(ids[i])  # its empty last chunk (more: False)
-                closing = True
-            elif ids[i] in self.dropping:
-                more[i] = None  # its error went out whole; the frontend drops it once its connection is closed
-            elif ids[i] not in self.scheduler.jobs:
+            if ids[i] not in self.scheduler.jobs:
                 fresh.add(i)
                 out[i], more[i] = self._start(context, i, ids[i], row, n)
         running = [ids[i] for i in range(n) if ids[i] in self.scheduler.jobs]
-        # rounds for the slice or until a job finishes (its reply leaves at once); a call that only closes replies
-        # runs none (it costs no model time, and the next call follows at once)
-        if fresh or not closing:
+        # rounds for the slice or until a job finishes (its reply leaves at once)
+        if running:
             self.scheduler.run(running, self.slice_s)
         for i in range(n):
             job = self.scheduler.jobs.get(ids[i])
@@ -176,6 +168,7 @@ class TorchServeHandler:
                 out[i], more[i] = self._progress(context, i, ids[i], job, first=i in fresh)
         context.stopping_criteria = [lambda _reply, go_on=go_on: None if go_on is None else not go_on
                                      for go_on in more]
+        self._count()
         logger.debug("batch of %d request(s) (%d running) served in %.1f ms", n, len(running),
                      1000 * (time.perf_counter() - started))
         return out
@@ -190,7 +183,7 @@ class TorchServeHandler:
             raw = row.get("body", row.get("data")) if isinstance(row, dict) else None
             dialect = choose(self.dialects, self._header(context, idx, "x-zoo-api"))
             request = dialect.parse(raw, self._header(context, idx, "content-type"), self.service.limits)
-            self.scheduler.admit(rid, request, dialect)
+            self.scheduler.admit(rid, request, dialect, self._header(context, idx, CLIENT_HEADER) or None)
             return b"", True
         except ZooError as e:  # bad input, over the budget, no generation place: its own 4xx/503
             if isinstance(e, ServerBusy):
@@ -204,11 +197,12 @@ class TorchServeHandler:
         """This call's bytes for a job and whether it goes on (TorchServe's ``ts_stream_next``: True = more to
         come, False = last chunk, None = no header, a whole response).
 
-        TorchServe 0.12's frontend (RestJob, ContinuousBatching) makes three cases of a reply that starts and ends
-        in one call: an error (>= 400) goes out whole, and the frontend closes that connection, which drops the
-        request from the batch; a 200 cannot (without the header the request would stay in the batch on its
-        kept-alive connection, and a lone last chunk loses the status line), so it goes out as an opening chunk
-        and the request is closed by an empty last chunk in the next call, which the frontend makes at once."""
+        TorchServe 0.12's frontend (``ContinuousBatching.sendResponse``, ``RestJob.responseInference``): a reply
+        without the header goes out whole (status line, headers, body) and the request leaves the batch at once, so
+        a reply that starts and ends in one call, 200 or error, is answered in the call that computes it; a
+        reply sent over several calls opens with ``True`` (the status line and its first chunk) and ends with
+        ``False`` (its last chunk). (Until 2026-11-28 a whole 200 was sent as an opening chunk and closed by an
+        empty last chunk in a second, model-free call: that call cost ~1.8 ms of every request.)"""
         assert self.scheduler is not None
         dialect = job.dialect
         fresh = job.take_pieces()
@@ -221,25 +215,30 @@ class TorchServeHandler:
         if not job.done:
             return body, True
         self.scheduler.forget([rid])
-        self._count(job)
-        if first:  # a whole 200 reply in one call: closed by an empty last chunk in the next
-            self.closing.add(rid)
-            return body, True
-        return body, False
+        self.scored += self._scored(job)
+        return body, None if first else False
 
     def _whole(self, context: Any, idx: int, rid: str, code: int, body: dict[str, Any]) -> bytes:
-        """A whole error response (status, JSON body); the frontend drops the request once it is sent."""
+        """A whole error response (status, JSON body)."""
         context.set_response_status(code, REASONS.get(code, "Error"), idx)  # the reason phrase stays ASCII
         context.set_response_content_type(idx, JSON_TYPE)
-        self.dropping.add(rid)
         return to_json(body)
 
-    def _count(self, job: Job) -> None:
-        """The scored-tokens metric, for a score request answered."""
-        if self.tokens_metric is None or not isinstance(job.request, ScoreRequest) or job.result is None:
+    @staticmethod
+    def _scored(job: Job) -> int:
+        """The tokens a score request answered scored (0 for anything else)."""
+        if not isinstance(job.request, ScoreRequest) or job.result is None:
+            return 0
+        return int(job.result["corpus"]["num_tokens"])
+
+    def _count(self) -> None:
+        """The scored-tokens metric, once per call with the call's sum: each update is a line the worker prints and
+        the frontend parses and logs (one per request cost the frontend measurable time)."""
+        scored, self.scored = self.scored, 0
+        if self.tokens_metric is None or not scored:
             return
         try:
-            self.tokens_metric.add_or_update(job.result["corpus"]["num_tokens"], [self.model_name])
+            self.tokens_metric.add_or_update(scored, [self.model_name])
         except Exception:
             logger.warning("could not update %s", TOKENS_METRIC, exc_info=True)
 

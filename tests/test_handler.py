@@ -3,9 +3,9 @@ continuous batching drives it, with a stand-in for TorchServe's context (the req
 per-request status, headers, content type and ``ts_stream_next`` that the frontend reads back). The real server
 runs the same handler in tests/test_serving.py and tests/test_openai_api.py.
 
-What it pins down: the close/drop protocol (a 200 answered in one call goes out as an opening chunk and is closed
-by an empty last chunk in the next call; an error goes out whole and is dropped; a request the frontend no longer
-sends is forgotten), the dialect chosen per request by ``X-Zoo-Api``, and a full house of generations: a 503 with
+What it pins down: the reply protocol (a reply that starts and ends in one call, 200 or error, goes out whole, in
+the call that computes it, and the request leaves the scheduler; a request the frontend no longer sends is
+forgotten), the dialect chosen per request by ``X-Zoo-Api``, and a full house of generations: a 503 with
 ``Retry-After`` in each route's own error shape, scoring still admitted."""
 
 from __future__ import annotations
@@ -104,17 +104,21 @@ JSON = {"content-type": "application/json"}
 OPENAI = {**JSON, "X-Zoo-Api": "openai"}
 
 
-def test_a_whole_reply_opens_in_one_call_and_closes_in_the_next(worker, model_dir):
-    first = Call(worker, model_dir, [("s", {"task": "score", "texts": ["the cat sat"]}, JSON)])
+def test_a_reply_computed_in_one_call_goes_out_whole_in_that_call(worker, model_dir):
+    first = Call(worker, model_dir, [("s", {"task": "score", "texts": ["the cat sat"]}, JSON),
+                                     ("v", {"model": "tiny", "prompt": "the cat", "max_tokens": 0, "echo": True,
+                                            "logprobs": 1}, OPENAI)])
     status, body, more, headers = first["s"]
-    assert status == 200 and more is True and json.loads(body)["corpus"]["num_tokens"] == 4
-    assert headers["X-Zoo-Batch-Size"] == "1" and first.context.content_type[0] == "application/json"
-    second = Call(worker, model_dir, [("s", None, JSON)])
-    assert second["s"][1:3] == (b"", False)  # the empty last chunk
-    assert not worker.scheduler.jobs and not worker.closing
+    assert status == 200 and more is None and json.loads(body)["corpus"]["num_tokens"] == 4
+    assert headers["X-Zoo-Batch-Size"] == "2" and first.context.content_type[0] == "application/json"
+    status, body, more, _ = first["v"]
+    reply = json.loads(body)
+    assert status == 200 and more is None and reply["usage"]["prompt_tokens"] == 3  # the, cat, <eos>
+    assert reply["choices"][0]["logprobs"]["tokens"] == ["the", "cat", "<eos>"]
+    assert not worker.scheduler.jobs and not worker.scheduler.turns  # nothing left to close
 
 
-def test_an_error_goes_out_whole_and_is_dropped(worker, model_dir):
+def test_an_error_goes_out_whole(worker, model_dir):
     call = Call(worker, model_dir, [("bad", {"task": "score", "texts": 3}, JSON),
                                     ("bad-v1", {"model": "tiny", "prompt": 3}, OPENAI),
                                     ("api", {"texts": ["the"]}, {**JSON, "X-Zoo-Api": "klingon"})])
@@ -124,10 +128,7 @@ def test_an_error_goes_out_whole_and_is_dropped(worker, model_dir):
     assert (status, more) == (400, None) and json.loads(body)["error"]["param"] == "prompt"
     status, body, more, _ = call["api"]
     assert (status, more) == (400, None) and json.loads(body)["field"] == "X-Zoo-Api"
-    again = Call(worker, model_dir, [("bad", None, JSON)])  # until its connection closes, the frontend sends it
-    assert again["bad"][1:3] == (b"", None)
-    Call(worker, model_dir, [])
-    assert not worker.dropping and not worker.scheduler.jobs
+    assert not worker.scheduler.jobs
 
 
 def test_a_streamed_generation_goes_out_in_chunks_and_a_gone_client_stops_it(worker, model_dir):
@@ -170,8 +171,8 @@ def test_a_full_house_of_generations_is_a_503_with_retry_after_on_both_routes(wo
     err = json.loads(body)["error"]
     assert (status, more) == (503, None) and int(headers["Retry-After"]) >= 1
     assert (err["type"], err["code"]) == ("server_error", "overloaded") and "generation" in err["message"]
-    assert call["s"][:3] == (200, call["s"][1], True) and json.loads(call["s"][1])["corpus"]["num_tokens"] == 3
-    assert call["o3"][0] == 200 and call["o3"][2] is True
+    assert call["s"][:3] == (200, call["s"][1], None) and json.loads(call["s"][1])["corpus"]["num_tokens"] == 3
+    assert call["o3"][0] == 200 and call["o3"][2] is None
 
 
 class PlainScores:
@@ -213,5 +214,5 @@ def test_a_third_dialect_is_one_class_and_one_registry_entry(model_dir, monkeypa
     worker = _worker(model_dir)
     call = Call(worker, model_dir, [("p", b"the cat sat", {"X-Zoo-Api": "plain"})])
     status, body, more, _ = call["p"]
-    assert (status, more) == (200, True) and call.context.content_type[0] == "text/plain"
+    assert (status, more) == (200, None) and call.context.content_type[0] == "text/plain"
     assert float(body) == pytest.approx(worker.model.score("the cat sat").corpus["nll"], rel=1e-6)

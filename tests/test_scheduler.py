@@ -186,3 +186,97 @@ def test_completions_share_the_generation_places_and_score_in_steps(service):
     logprobs = sched.jobs["scored"].result["choices"][0]["logprobs"]["token_logprobs"]
     want = [t["logprob"] for t in service.model.score("the cat", return_tokens=True).texts[0]["tokens"]]
     assert logprobs == pytest.approx(want, rel=1e-5)
+
+
+def _completion(service: Service, **fields) -> object:
+    body = json.dumps({"model": "tiny", "prompt": "the cat", **fields}).encode()
+    return OpenAIDialect(service, "tiny").parse(body, "application/json", LIMITS)
+
+
+def test_fresh_requests_that_fit_one_step_share_one_model_call_per_dialect(service, monkeypatch):
+    """Eight one-sentence score requests and three completions that only read their prompts, fresh in one call:
+    two model calls (one per wire format), every one answered in that call with the Python API's numbers (float
+    tolerance: rows batched together, as the Python API batches a call's texts). Each used to be a model call."""
+    native, openai = NativeDialect(service, "tiny"), OpenAIDialect(service, "tiny")
+    sched = Scheduler(service, step_tokens=64)
+    texts = [f"{SHORT} {w}" for w in ("a", "the cat", "mr. smith 's dog sat", "", "on the mat", "a b", "ran", "x")]
+    for i, text in enumerate(texts):
+        sched.admit(f"s{i}", parse_request({"text": text, "return_tokens": True}, LIMITS), native, client=i)
+    prompts = ["the cat sat", "a dog ran on the mat", "mr. smith"]
+    for i, prompt in enumerate(prompts):
+        sched.admit(f"v{i}", _completion(service, prompt=prompt, max_tokens=0, echo=True, logprobs=2), openai)
+    lm, calls = service.model.lm, []
+    real = lm.forward_hidden
+    monkeypatch.setattr(lm, "forward_hidden", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    sched.run(list(sched.jobs), 0.0)
+    monkeypatch.undo()
+    assert [tuple(shape)[0] for shape in calls] == [8, 3] or [tuple(shape)[0] for shape in calls] == [3, 8], calls
+    for i, text in enumerate(texts):
+        job = sched.jobs[f"s{i}"]
+        assert job.done and job.steps_run == 1 and job.status == 200
+        want = service.model.score([text], return_tokens=True).texts[0]
+        assert [t["logprob"] for t in job.result["texts"][0]["tokens"]] == pytest.approx(
+            [t["logprob"] for t in want["tokens"]], rel=1e-5, abs=1e-6)
+    for i, prompt in enumerate(prompts):  # what the same request answers run alone, in its own steps
+        job, alone = sched.jobs[f"v{i}"], Scheduler(service, step_tokens=4)
+        alone.admit("one", _completion(service, prompt=prompt, max_tokens=0, echo=True, logprobs=2), openai)
+        _finish(alone, ["one"])
+        got, want = job.result["choices"][0], alone.jobs["one"].result["choices"][0]
+        assert got["text"] == want["text"] and got["logprobs"]["tokens"] == want["logprobs"]["tokens"]
+        assert got["logprobs"]["token_logprobs"] == pytest.approx(want["logprobs"]["token_logprobs"], rel=1e-5)
+        assert [sorted(t) for t in got["logprobs"]["top_logprobs"]] == [
+            sorted(t) for t in want["logprobs"]["top_logprobs"]]
+        assert job.result["usage"] == alone.jobs["one"].result["usage"]
+
+
+class FailingTogether(NativeDialect):
+    """The native route with its shared model call broken: what a failure there must cost (nothing but time)."""
+
+    def run_together(self, items):
+        raise RuntimeError("the shared call failed")
+
+
+def test_a_failed_shared_call_leaves_each_request_to_run_alone(service):
+    sched, dialect = Scheduler(service, step_tokens=64), FailingTogether(service, "tiny")
+    for i in range(3):
+        sched.admit(i, parse_request({"text": f"{SHORT} {i}"}, LIMITS), dialect)
+    sched.run([0, 1, 2], 0.0)
+    for i in range(3):
+        job = sched.jobs[i]
+        assert job.done and job.status == 200
+        assert job.result["corpus"]["nll"] == pytest.approx(service.model.score(f"{SHORT} {i}").corpus["nll"],
+                                                            rel=1e-6)
+
+
+def test_turns_are_fair_between_clients_not_requests(service):
+    """A client with four long requests in progress and one with a single one: the single one gets a turn in every
+    other call (as many steps as the four together), and the four share theirs."""
+    sched, native = Scheduler(service, step_tokens=16, client_long=4), NativeDialect(service, "tiny")
+    many = [f"many{i}" for i in range(4)]
+    for key in many:
+        sched.admit(key, parse_request({"text": LONG}, LIMITS), native, client="10.0.0.1")
+    sched.admit("one", parse_request({"text": LONG}, LIMITS), native, client="10.0.0.2")
+    sched.run([*many, "one"], 0.0)  # the fresh first steps
+    before = {k: sched.jobs[k].steps_run for k in [*many, "one"]}
+    for _ in range(16):  # one turn per call (no time budget)
+        sched.run([*many, "one"], 0.0)
+    steps = {k: sched.jobs[k].steps_run - before[k] for k in [*many, "one"]}
+    assert steps["one"] == 8 and sum(steps[k] for k in many) == 8, steps
+    assert sorted(steps[k] for k in many) == [2, 2, 2, 2], steps
+
+
+def test_a_client_holds_at_most_its_share_of_the_places_for_long_work(service):
+    """Six places for long work, at most three for one client (half): its fourth long request is a 503 naming the
+    share, another client's long request and its own one-step requests still get in; a place it frees is its own
+    again."""
+    sched, native = Scheduler(service, step_tokens=16, max_long=6), NativeDialect(service, "tiny")
+    assert sched.client_long == 3
+    for i in range(3):
+        sched.admit(f"a{i}", parse_request({"text": LONG}, LIMITS), native, client="10.0.0.1")
+    with pytest.raises(ServerBusy) as busy:
+        sched.admit("a3", parse_request({"text": LONG}, LIMITS), native, client="10.0.0.1")
+    assert error_status(busy.value) == 503 and "3 long request(s) in progress" in str(busy.value)
+    sched.admit("b0", parse_request({"text": LONG}, LIMITS), native, client="10.0.0.2")
+    sched.admit("a-short", parse_request({"text": SHORT}, LIMITS), native, client="10.0.0.1")
+    sched.forget(["a0"])
+    sched.admit("a3", parse_request({"text": LONG}, LIMITS), native, client="10.0.0.1")

@@ -8,6 +8,7 @@ is the bundled default model when it exists, else a tiny aLSTM with random (non-
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -29,7 +30,7 @@ from zoo.api.service import Limits, parse_body
 from zoo.checkpoint import save_checkpoint
 from zoo.cli import main as cli_main
 from zoo.errors import InvalidRequest
-from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports
+from zoo.tools.ports import TORCHSERVE_DEFAULT_PORTS, free_ports, loopback_session
 from zoo.tools.serve.archive import build_archive
 from zoo.tools.serve.config import ArchiveOptions, ServeError, ServerConfig
 from zoo.tools.serve.launch import java_version
@@ -103,6 +104,7 @@ class Server:
         self.key, self.management_key = keys["inference"]["key"], _management_key(run_dir)
         self.http = requests.Session()
         self.http.trust_env = False  # loopback only, never through a proxy
+        self.clients: dict[int, requests.Session] = {}  # a session per client address (post's ``client``)
         self.model = ZooModel.from_pretrained(self._checkpoint())
         self.first_workers = [w["pid"] for w in self.workers()]  # a worker that died since would have a new PID
 
@@ -111,13 +113,19 @@ class Server:
         return path if path.is_dir() else resolve_local(self.source)[0]
 
     def post(self, body: bytes | dict | str, content_type: str = "application/json", auth: bool = True,
-             url: str | None = None, headers: dict | None = None, **kw) -> requests.Response:
+             url: str | None = None, headers: dict | None = None, client: int | None = None,
+             **kw) -> requests.Response:
+        """POST ``body``; ``client``: from that client's own loopback address (the front door tells clients apart
+        by their address), else from 127.0.0.1."""
         data = json.dumps(body).encode() if isinstance(body, dict) else body
         headers = {**({"Content-Type": content_type} if content_type else {}), **(headers or {})}
         if auth:
             headers["Authorization"] = f"Bearer {self.key}"
         kw.setdefault("timeout", HTTP_TIMEOUT)
-        return self.http.post(url or self.url, data=data, headers=headers, **kw)
+        if client is not None and client not in self.clients:
+            self.clients[client] = loopback_session(client)
+        http = self.http if client is None else self.clients[client]
+        return http.post(url or self.url, data=data, headers=headers, **kw)
 
     def describe(self) -> dict:
         r = self.http.get(f"{self.management}/models/{self.name}", timeout=HTTP_TIMEOUT,
@@ -371,8 +379,8 @@ def test_scoring_is_not_held_up_by_running_generations(server):
     gen = {"task": "generate", "prompt": "the", "max_new_tokens": cap, "stop_at_eos": False, "stream": True}
     ended: list[float] = []
 
-    def stream(seed: int) -> list[dict]:
-        with server.post({**gen, "seed": seed}, stream=True) as r:
+    def stream(seed: int) -> list[dict]:  # four clients (one may hold at most 3 places for long work)
+        with server.post({**gen, "seed": seed}, stream=True, client=seed) as r:
             assert r.status_code == 200
             lines = [json.loads(x) for x in r.iter_lines() if x]
         ended.append(time.perf_counter())
@@ -538,9 +546,9 @@ def test_replies_slower_than_the_read_timeout_still_arrive_whole(server):
     if n * alone < 10:
         pytest.skip(f"one request at the budget took {alone:.1f} s: {n} at once would not outlast 9 s")
 
-    def timed(_: int) -> tuple[float, requests.Response]:
+    def timed(client: int) -> tuple[float, requests.Response]:  # six clients (one may hold 3 places for long work)
         start = time.perf_counter()
-        r = server.post(largest, timeout=150)
+        r = server.post(largest, timeout=150, client=client)
         return time.perf_counter() - start, r
 
     with ThreadPoolExecutor(n) as pool:
@@ -610,9 +618,8 @@ def test_honest_clients_are_served_beside_each_hostile_class(server, name):
     alone, _ = _honest_latencies(server, 3)
     stop, lock, got = threading.Event(), threading.Lock(), []
 
-    def loop(path: str, body: bytes | dict) -> None:
-        http = requests.Session()
-        http.trust_env = False
+    def loop(path: str, body: bytes | dict, client: int) -> None:
+        http = loopback_session(client)  # each hostile client from its own address: a client of its own
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         while not stop.is_set():
             r = http.post(server.inference + path, data=data, timeout=HTTP_TIMEOUT * 4,
@@ -621,8 +628,9 @@ def test_honest_clients_are_served_beside_each_hostile_class(server, name):
                 got.append((path, body, r))
             stop.wait(float(r.headers.get("Retry-After", 0) or 0))
 
-    threads = [threading.Thread(target=loop, args=(path, body), daemon=True)
-               for path, body, clients, _ in mix for _ in range(clients)]
+    hostiles = [(path, body) for path, body, clients, _ in mix for _ in range(clients)]
+    threads = [threading.Thread(target=loop, args=(path, body, 100 + i), daemon=True)
+               for i, (path, body) in enumerate(hostiles)]
     for t in threads:
         t.start()
     try:
@@ -683,15 +691,15 @@ def test_generations_never_take_every_place(server):
     gen = {"task": "generate", "prompt": "the", "max_new_tokens": LIMITS["max_new_tokens"], "stop_at_eos": False,
            "stream": True}
 
-    def stream(seed: int) -> int:
-        with server.post({**gen, "seed": seed}, stream=True) as r:
+    def stream(seed: int) -> int:  # four clients (one may hold at most 3 places for long work)
+        with server.post({**gen, "seed": seed}, stream=True, client=seed) as r:
             done = [json.loads(x) for x in r.iter_lines(chunk_size=1) if x][-1]
             return r.status_code if done.get("done") else 0
 
     with ThreadPoolExecutor(8) as pool:
         with HeldWorker(server, pool) as held:
             futures = [held.send(stream, seed) for seed in range(4)]
-            fifth = held.send(server.post, {**gen, "stream": False})
+            fifth = held.send(functools.partial(server.post, {**gen, "stream": False}, client=4))
             scoring = held.send(server.post, {"task": "score", "texts": [TEXTS[0]]})
         busy, scored = fifth.result(), scoring.result()
         codes = [f.result() for f in futures]
@@ -700,6 +708,48 @@ def test_generations_never_take_every_place(server):
     assert busy.json()["code"] == 503 and busy.json()["type"] == "ServiceUnavailable"
     assert "generation" in busy.json()["message"]
     assert scored.status_code == 200
+
+
+def test_a_client_holds_at_most_its_share_of_the_places_for_long_work(server):
+    """One client (one address) sending four long requests at once, each claiming another name in ``X-Zoo-Client``
+    (the front door replaces it with the address): three run, the fourth is a 503 with Retry-After naming the
+    client's share, and another client's long request sent after them runs (six places for long work, three a
+    client). They reach the held worker together, in the order sent (:class:`HeldWorker`)."""
+    long = {"task": "score", "texts": [" ".join(TEXTS * 6)]}  # ~200 tokens: several 64-token steps
+
+    def send(client: int, claim: str):
+        return server.post(long, client=client, headers={"X-Zoo-Client": claim})
+
+    with ThreadPoolExecutor(8) as pool:
+        with HeldWorker(server, pool) as held:
+            mine = [held.send(send, 20, f"someone-else-{i}") for i in range(4)]
+            other = held.send(send, 21, "10.0.0.1")
+        codes = [f.result().status_code for f in mine]
+        refused = mine[codes.index(503)].result() if 503 in codes else None
+        assert sorted(codes) == [200, 200, 200, 503], codes
+        assert int(refused.headers["Retry-After"]) >= 1 and "3 long request(s) in progress" in refused.json()["message"]
+        assert other.result().status_code == 200
+
+
+def test_a_client_has_at_most_its_share_of_requests_at_the_server(server):
+    """A client (one address) with 32 requests at the server (in TorchServe's queue: the worker held) gets 429 with
+    Retry-After at once for its next, from the front door, in each route's error shape; another client's request
+    is queued and answered, and all the first client's 32 are answered."""
+    share = ServerConfig.client_requests
+    body = {"task": "score", "texts": [TEXTS[0]]}
+    with ThreadPoolExecutor(share + 4) as pool:
+        with HeldWorker(server, pool) as held:
+            mine = [held.send(functools.partial(server.post, body, client=30)) for _ in range(share)]
+            over = server.post(body, client=30)
+            over_v1 = server.post({"model": server.name, "prompt": TEXTS[0], "max_tokens": 0, "echo": True},
+                                  url=f"{server.inference}/v1/completions", client=30)
+            other = held.send(functools.partial(server.post, body, client=31))
+        codes = [f.result().status_code for f in mine]
+    assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1
+    assert over.json()["code"] == 429 and f"{share} requests" in over.json()["message"]
+    assert over_v1.status_code == 429 and over_v1.json()["error"]["code"] == "rate_limit_exceeded"
+    assert codes == [200] * share and other.result().status_code == 200
+    assert server.post(body, client=30).status_code == 200  # its share is its own again
 
 
 def test_concurrent_requests_are_batched_with_unbatched_scores(server):

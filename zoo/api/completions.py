@@ -42,11 +42,12 @@ token each), so a server can interleave a long request with other requests' work
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -55,10 +56,13 @@ from zoo.api.dialects import Work
 from zoo.api.http import JSON_TYPE, SSE_TYPE, openai_error_of, to_json
 from zoo.api.service import decode_json
 from zoo.device import device_of
-from zoo.errors import InvalidRequest, ModelNotServed, RequestTooLarge
+from zoo.errors import InvalidRequest, ModelNotServed, RequestTooLarge, ZooError
 from zoo.generation import MAX_TEMPERATURE, Detokenizer, Sampler, SamplingParams, generate_steps, prompt_context
+from zoo.scoring import LOGIT_BUDGET
 from zoo.tokenizer import EOS, Tokenizer
 from zoo.validate import as_bool, as_float, as_int, check_text, json_type, surrogate_position
+
+log = logging.getLogger(__name__)
 
 #: The most alternatives per token ``logprobs`` may ask for (OpenAI's own cap is 5; vLLM's default 20).
 MAX_LOGPROBS = 20
@@ -92,6 +96,10 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     warnings: tuple[str, ...] = ()
+    #: the prompts' tokens as the model reads them, and each prompt opened for reading (:func:`_context`), both
+    #: set as it is parsed (the budget needs them: the run reuses them rather than tokenise twice)
+    prompt_tokens: int = 0
+    opened: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     task: str = field(default="completion", init=False)
 
 
@@ -198,17 +206,21 @@ def parse_completion(payload: Any, tokenizer: Tokenizer, limits: Any, served: st
         warnings=tuple(warnings))
     if any(p.text == "" for p in request.prompts) and max_tokens == 0 and request.echo:
         raise InvalidRequest("prompt", "is empty and nothing is generated: there is nothing to score")
-    check_budget(request, tokenizer, limits)
-    return request
+    opened = tuple(_context(p, tokenizer, max_tokens) for p in request.prompts)
+    prompt_tokens, _ = check_budget(request, tokenizer, limits, opened)
+    return replace(request, prompt_tokens=prompt_tokens, opened=opened)
 
 
-def check_budget(request: CompletionRequest, tokenizer: Tokenizer, limits: Any) -> tuple[int, int]:
+def check_budget(request: CompletionRequest, tokenizer: Tokenizer, limits: Any,
+                 opened: Sequence[Any] = ()) -> tuple[int, int]:
     """Refuse, before any model work, a request over the deployment's token budgets (as the native routes'): a
     request that generates nothing reads its prompts as a score request does (their tokens, all prompts, after
     tokenisation, against ``max_total_tokens``); one that generates is a generate request (prompt tokens plus the
     tokens it may generate, prompts x ``max_tokens``, together against ``max_generate_tokens``: counted apart, one
-    request cost 3.0-3.4 CPU-s on the default model). Returns both counts."""
-    prompt = sum(len(_context(p, tokenizer, request.max_tokens)[1]) for p in request.prompts)
+    request cost 3.0-3.4 CPU-s on the default model). Returns both counts. ``opened``: the prompts' :func:`_context`,
+    when the caller has them."""
+    opened = opened or [_context(p, tokenizer, request.max_tokens) for p in request.prompts]
+    prompt = sum(len(echoed) for _, echoed, _ in opened)
     if prompt > limits.max_total_tokens:
         raise RequestTooLarge("prompt", f"is {prompt:,} tokens for this model; the limit is "
                                         f"{limits.max_total_tokens:,} per request")
@@ -257,6 +269,10 @@ def text_offsets(text: str, tokens: Sequence[str], sources: Sequence[str]) -> li
         if found >= 0:
             pos += len(src)
     return out
+
+
+#: a prompt opened for reading: (context ids, echoed ids, encoding or None), :func:`_context`'s
+Opened = tuple[list[int], list[int], Any]
 
 
 @dataclass
@@ -328,35 +344,67 @@ class CompletionRun:
     def _one(self, choice: Choice, prompt: Prompt) -> Iterator[None]:
         """One prompt: its context read in slices (each reported when asked), then its tokens generated."""
         req, runner = self.request, self.model.runner
-        ctx, echoed, enc = _context(prompt, self.model.tokenizer, req.max_tokens)
-        choice.prompt_tokens = len(echoed)
-        report = req.echo and req.logprobs is not None
-        if prompt.text is None and report:  # a literal first id has no context
-            self._add(choice, ctx[0], None, None)
+        ctx, echoed, enc = self._open(choice, prompt)
         state, device = runner.init_state(1), device_of(runner)
-        if req.max_tokens > 0 or report:  # the model reads ctx[:-1]; the last id is the first step's input
+        if req.max_tokens > 0 or self.reports:  # the model reads ctx[:-1]; the last id is the first step's input
             for start in range(0, len(ctx) - 1, self.positions):
                 piece = ctx[start:min(start + self.positions, len(ctx) - 1)]
                 logits, state = runner.forward(torch.tensor([piece], dtype=torch.long, device=device), state)
-                if report:
+                if self.reports:
                     self._report(choice, logits[0], ctx[start + 1:start + 1 + len(piece)])
                 yield
         if req.echo:
             self._echo_text(choice, prompt, echoed, enc)
         yield from self._generate(choice, prompt, ctx, state)
 
+    @property
+    def reports(self) -> bool:
+        """Whether the prompts' tokens are reported (echo with logprobs): only then does reading them need the
+        model when nothing is generated."""
+        return self.request.echo and self.request.logprobs is not None
+
+    def _open(self, choice: Choice, prompt: Prompt, opened: Opened | None = None) -> Opened:
+        """A prompt's context, echoed ids and encoding (:func:`_context`, unless ``opened`` has them), its token count
+        and, where reported, a literal first id (it has no context: no log-probability)."""
+        ctx, echoed, enc = opened or self._opened(choice.index)
+        choice.prompt_tokens = len(echoed)
+        if prompt.text is None and self.reports:
+            self._add(choice, ctx[0], None, None)
+        return ctx, echoed, enc
+
+    def _opened(self, k: int) -> Opened:
+        """Prompt ``k``'s :func:`_context`, as the request was parsed with it where it was."""
+        req = self.request
+        return req.opened[k] if req.opened else _context(req.prompts[k], self.model.tokenizer, req.max_tokens)
+
+    def read_from(self, opened: list[Opened], logits: list[torch.Tensor]) -> Any:
+        """The whole work of a request that generates nothing, from its prompts' :func:`_context` and, when
+        :attr:`reports`, each prompt's ``[len(context) - 1, V]`` logits computed elsewhere: what :meth:`steps`
+        returns, for :func:`read_together`."""
+        for k, (choice, prompt) in enumerate(zip(self.choices, self.request.prompts, strict=True)):
+            ctx, echoed, enc = self._open(choice, prompt, opened[k])
+            if self.reports:
+                self._report(choice, logits[k], ctx[1:])
+            if self.request.echo:
+                self._echo_text(choice, prompt, echoed, enc)
+            choice.finish_reason, choice.finished = "length", True
+        self.done = True
+        return self.events() if self.request.stream else self.reply()
+
     def _report(self, choice: Choice, logits: torch.Tensor, targets: list[int]) -> None:
         """Each target's log-probability and the top alternatives at its position, the target among them (``k`` or
         ``k + 1`` entries), from one float32 softmax (so a target's entry equals its ``token_logprobs`` exactly)."""
         logp = torch.log_softmax(logits.float(), dim=-1).cpu()
         k = self.request.logprobs or 0
-        top = torch.topk(logp, k, dim=-1) if k else None
         vocab = self.model.tokenizer.vocab
+        own = logp.gather(1, torch.tensor(targets, dtype=torch.long).view(-1, 1)).view(-1).tolist()
+        if k:  # (the most likely token alone: a max, several times faster than topk over the vocabulary)
+            top = logp.max(dim=-1, keepdim=True) if k == 1 else torch.topk(logp, k, dim=-1)
+            values, indices = top.values.tolist(), top.indices.tolist()
         for t, target in enumerate(targets):
-            alts = {vocab[int(i)]: float(v)
-                    for v, i in zip(top.values[t].tolist(), top.indices[t].tolist(), strict=True)} if top else {}
-            alts.setdefault(vocab[target], float(logp[t, target]))  # the token itself is always there (as vLLM)
-            self._add(choice, target, float(logp[t, target]), alts)
+            alts = {vocab[i]: v for v, i in zip(values[t], indices[t], strict=True)} if k else {}
+            alts.setdefault(vocab[target], own[t])  # the token itself is always there (as vLLM)
+            self._add(choice, target, own[t], alts)
 
     def _add(self, choice: Choice, idx: int, logprob: float | None, alts: dict[str, float] | None) -> None:
         choice.tokens.append(self.model.tokenizer.vocab[idx])
@@ -460,6 +508,57 @@ class CompletionRun:
         return b"".join(out)
 
 
+def read_together(model: Any, runs: list[CompletionRun]) -> list[Any]:
+    """Requests that generate nothing (:meth:`CompletionRun.read_from`), all their reported prompts read as rows of
+    batched model calls: each request's result, or the exception it alone raised."""
+    tok = model.tokenizer
+    opened = [[run._opened(k) for k in range(len(run.request.prompts))] for run in runs]
+    reads = [ctx[:-1] for run, prompts in zip(runs, opened, strict=True) if run.reports for ctx, _, _ in prompts]
+    logits = iter(batched_logits(model.runner, reads, tok.eos_id, len(tok)))
+    out: list[Any] = []
+    for run, prompts in zip(runs, opened, strict=True):
+        mine = [next(logits) for _ in prompts] if run.reports else []
+        try:
+            out.append(run.read_from(prompts, mine))
+        except ZooError as e:
+            out.append(e)
+        except Exception as e:  # a bug: this request alone fails
+            log.exception("reading a completion's prompts failed")
+            out.append(e)
+    return out
+
+
+@torch.no_grad()
+def batched_logits(runner: Any, rows: list[list[int]], pad: int, vocab: int) -> list[torch.Tensor]:
+    """Each row's logits ``[len(row), vocab]`` from the initial state: rows sorted by length and right-padded into
+    batches of at most :data:`zoo.scoring.LOGIT_BUDGET` logits (the model is causal: padding after a row's end changes
+    its numbers only by float summation order, as the Python API's own batching does)."""
+    out: list[torch.Tensor | None] = [None] * len(rows)
+    group: list[int] = []
+
+    def run(group: list[int]) -> None:
+        longest = max(len(rows[i]) for i in group)
+        if not longest:
+            for i in group:
+                out[i] = torch.empty(0, vocab)
+            return
+        x = torch.full((len(group), longest), pad, dtype=torch.long)
+        for j, i in enumerate(group):
+            x[j, :len(rows[i])] = torch.tensor(rows[i], dtype=torch.long)
+        logits, _ = runner.forward(x.to(device_of(runner)), runner.init_state(len(group)))
+        for j, i in enumerate(group):
+            out[i] = logits[j, :len(rows[i])]
+
+    for i in sorted(range(len(rows)), key=lambda i: len(rows[i])):
+        if group and (len(group) + 1) * len(rows[i]) * vocab > LOGIT_BUDGET:
+            run(group)
+            group = []
+        group.append(i)
+    if group:
+        run(group)
+    return [t for t in out if t is not None]
+
+
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + to_json(obj) + b"\n\n"
 
@@ -511,10 +610,16 @@ class OpenAIDialect:
         return request.max_tokens > 0
 
     def work(self, request: CompletionRequest, step_tokens: int) -> Work:
-        """Its budgets were checked as it was parsed; long when it generates or its prompts' length (characters or
-        ids: at least their tokens) is over one step."""
-        long = request.max_tokens > 0 or sum(len(p.text or p.ids) for p in request.prompts) > step_tokens
-        return Work(CompletionRun(self.service.model, request).steps(step_tokens), long)
+        """Its budgets were checked as it was parsed; long when it generates or its prompts' tokens are over one
+        step (else it can share a model call with others: :meth:`run_together`)."""
+        long = request.max_tokens > 0 or request.prompt_tokens > step_tokens
+        run = CompletionRun(self.service.model, request)
+        return Work(run.steps(step_tokens), long, together=None if long else run)
+
+    def run_together(self, items: list[CompletionRun]) -> list[Any]:
+        """Requests that read one step of prompt tokens and generate nothing, in batched model calls
+        (:func:`read_together`)."""
+        return read_together(self.service.model, items)
 
     def content_type(self, request: CompletionRequest) -> str:
         return SSE_TYPE if request.stream else JSON_TYPE

@@ -33,10 +33,16 @@ class Work:
     """A request's work as the scheduler runs it: a generator of bounded steps (at most ``step_tokens`` tokens
     each), each yielding ``None`` or something the client is sent as it comes (see :meth:`Dialect.chunk`), returning
     the result; and whether it needs more than one step (``long``: it then holds one of the scheduler's places for
-    long work, so requests that fit one step always find a place)."""
+    long work, so requests that fit one step always find a place).
+
+    ``together``: for work that fits one step, what :meth:`Dialect.run_together` needs to run it in one model call
+    with other requests' (``None``: it runs alone, through ``steps``). Why: a server that computes each short
+    request alone makes 8 model calls for 8 one-sentence requests, and a model call costs about as much for one row
+    as for eight (fusing them is what brought the served throughput back to its in-process ceiling)."""
 
     steps: Iterator[Any]
     long: bool
+    together: Any = None
 
 
 class Dialect(Protocol):
@@ -56,6 +62,12 @@ class Dialect(Protocol):
     def work(self, request: Any, step_tokens: int) -> Work:
         """The request's work (:class:`Work`), checked against the deployment's token budgets now (raises
         :class:`~zoo.errors.RequestTooLarge`, before any model work)."""
+
+    def run_together(self, items: list[Any]) -> list[Any]:
+        """The results of several requests' one-step work (their :attr:`Work.together`), in order, computed in as
+        few model calls as their size allows; an item that fails alone is its exception in the list (never raised).
+        The results are what each request's ``steps`` would have returned (the numbers to float tolerance: rows
+        batched together, as the Python API batches a call's texts)."""
 
     def content_type(self, request: Any) -> str:
         """The media type of a successful reply."""

@@ -34,7 +34,12 @@ class NativeDialect:
         if isinstance(request, GenerateRequest):
             return Work(self._generation(request, step_tokens), long=True)
         long = padded_positions([len(e.ids) for e in encodings]) > step_tokens  # what score_steps computes
-        return Work(self.service.score_steps(request, step_tokens, encodings), long)
+        together = None if long or request.dynamic else (request, encodings)
+        return Work(self.service.score_steps(request, step_tokens, encodings), long, together)
+
+    def run_together(self, items: list[Any]) -> list[Any]:
+        """Score requests that fit one step, in one batched call (:meth:`zoo.api.service.Service.score_together`)."""
+        return self.service.score_together(items)
 
     def _generation(self, request: GenerateRequest, step_tokens: int) -> Iterator[str | None]:
         """The generated pieces as they come (a ``None`` after each piece of the prompt read); returns the reply."""

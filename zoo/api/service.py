@@ -28,7 +28,7 @@ from typing import Any
 from zoo.api.http import JSON_TYPE
 from zoo.errors import InvalidRequest, RequestTooLarge, ZooError
 from zoo.generation import MAX_NEW_TOKENS_LIMIT, MAX_TEMPERATURE, SamplingParams
-from zoo.scoring import Steps, aggregate, padded_positions
+from zoo.scoring import Steps, aggregate, padded_positions, run_steps
 from zoo.validate import as_bool, as_float, as_int, check_text, json_type, surrogate_position
 
 log = logging.getLogger(__name__)
@@ -359,6 +359,35 @@ class Service:
         report = yield from self.model.score_steps(list(request.texts), return_tokens=request.return_tokens,
                                                    step_tokens=step_tokens, encodings=encodings)
         return self.reply_of(request, report.texts)
+
+    def score_together(self, items: Sequence[tuple[ScoreRequest, list[Any]]]) -> list[dict[str, Any] | Exception]:
+        """Several plain score requests, each with its texts' encodings (:meth:`within_budget`'s), as one batched
+        library call (their texts sorted by length and batched together, as :meth:`score` batches them); a reply or
+        the exception that request alone raised, in order. If the call fails, each request is scored alone."""
+        texts = [t for r, _ in items for t in r.texts]
+        encodings = [e for _, encs in items for e in encs]
+        try:
+            report = run_steps(self.model.score_steps(texts, return_tokens=any(r.return_tokens for r, _ in items),
+                                                      encodings=encodings))
+        except Exception:
+            if len(items) == 1:
+                raise
+            return [self._alone(r, encs) for r, encs in items]
+        out: list[dict[str, Any] | Exception] = []
+        pos = 0
+        for r, _ in items:
+            out.append(self.reply_of(r, report.texts[pos:pos + len(r.texts)]))
+            pos += len(r.texts)
+        return out
+
+    def _alone(self, request: ScoreRequest, encodings: list[Any]) -> dict[str, Any] | Exception:
+        try:
+            return self.score_together([(request, encodings)])[0]
+        except ZooError as e:
+            return e
+        except Exception:
+            log.exception("scoring failed")
+            return RuntimeError("scoring failed")
 
     def _over_token_limit(self, requests: Sequence[ScoreRequest]) -> dict[int, RequestTooLarge]:
         """The requests whose texts tokenise to more than ``max_total_tokens`` (by index), each refused alone."""

@@ -7,6 +7,7 @@ by something else on the machine, cannot make a start fail or a test flaky.
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 #: TorchServe's own defaults (inference, management, metrics): a server started elsewhere may be about to bind them.
 TORCHSERVE_DEFAULT_PORTS = (8080, 8081, 8082)
@@ -49,3 +50,26 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def loopback_address(client: int) -> str:
+    """A loopback address of its own for client number ``client`` (127.0.0.2 on; the whole of 127.0.0.0/8 reaches this
+    machine): the front door tells clients apart by their address, so a test or benchmark standing in for clients
+    on other machines sends each one's requests from its own."""
+    return f"127.0.{client // 250}.{2 + client % 250}"
+
+
+def loopback_session(client: int) -> Any:
+    """A ``requests`` session whose connections come from :func:`loopback_address` ``(client)`` (no proxy)."""
+    import requests
+    from requests.adapters import HTTPAdapter
+
+    class FromAddress(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["source_address"] = (loopback_address(client), 0)
+            super().init_poolmanager(*args, **kwargs)
+
+    http = requests.Session()
+    http.trust_env = False
+    http.mount("http://", FromAddress())
+    return http

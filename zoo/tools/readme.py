@@ -49,6 +49,7 @@ BENCHMARKS = [
     ("request_cost.md", "Request cost: the largest requests the token budgets allow"),
     ("corpus.md", "Scoring a corpus: `zoo score-corpus` with 1 and 2 workers, the model in-process, KenLM"),
     ("serving_fairness.md", "Serving fairness: honest clients beside a hostile one, through the front door"),
+    ("serving_ceiling.md", "Served throughput against the in-process ceiling: 16 and 64 clients, a sentence each"),
     ("front_door.md", "The front door's cost: HAProxy in front of TorchServe against TorchServe alone"),
     ("dynamic_eval.md", "Dynamic evaluation: tuned on PTB validation, measured once on test"),
     # one section per other model measured (``benchmarks/dynamic_eval.py --model NAME``); {} is NAME

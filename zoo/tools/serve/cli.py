@@ -119,6 +119,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                        disable_token_auth=args.disable_token_auth, enable_model_api=args.enable_model_api,
                        max_request_bytes=args.max_request_bytes, token_expiration_min=args.token_expiration_min,
                        front_door=args.front_door, client_timeout=args.client_timeout,
+                       client_requests=args.client_requests,
                        gpus=args.gpus)
     print(f"starting TorchServe with {', '.join(f'{n} ({s})' for n, s in models)}; waiting for /ping "
           f"(up to {args.timeout:.0f} s) ...", flush=True)
@@ -204,6 +205,9 @@ def add(subparsers) -> None:
                     help="front door: seconds a client has to send a whole request head, and as long again for "
                          "the body (default "
                          f"{ServerConfig.client_timeout})")
+    sp.add_argument("--client-requests", type=_positive(int), default=ServerConfig.client_requests,
+                    help="front door: requests one client (one address) may have at the server at once; over it "
+                         f"a 429 with Retry-After (default {ServerConfig.client_requests})")
     sp.add_argument("--management-port", type=_port, default=8081, help="(default 8081)")
     sp.add_argument("--metrics-port", type=_port, default=8082, help="(default 8082)")
     sp.add_argument("--worker-port", type=_port, help="base of the worker socket numbers (default: from the "

@@ -95,6 +95,10 @@ class ServerConfig:
     max_request_bytes: int = 1 << 20
     max_response_bytes: int = 16 << 20
     job_queue_size: int = 256
+    #: requests one client (its address) may have at the server at once, past the front door's checks (waiting in
+    #: TorchServe's queue or running); over it a 429 with Retry-After, at once: the queue is first come, first
+    #: served, so without a share one client flooding valid requests made everyone else wait behind all of them
+    client_requests: int = 32
     token_expiration_min: int = 60
     java_heap_mb: int = 1024
     #: GPUs TorchServe hands out to workers (its ``number_of_gpu``; each worker's handler runs on its ``gpu_id``)

@@ -49,6 +49,9 @@ ERRORFILE_STATUSES = (400, 401, 403, 404, 405, 408, 410, 413, 425, 429, 500, 501
 #: seconds a client is told to wait (Retry-After) when the server is full or not answering
 RETRY_AFTER_S = 1
 BUSY = "the model server is busy (its queue is full) or not answering; retry after the Retry-After seconds"
+#: a client over its share of the server (ServerConfig.client_requests; a client is its address)
+SHARE = ("you have {n} requests at the server already, the most one client (one address) may; send the next when "
+         "one is answered (retry after the Retry-After seconds)")
 ROUTES = "POST /predictions/<model>, GET /ping, POST /v1/completions, GET /v1/models"
 #: why /v1/chat/completions is not served (its own 404, so a chat client is told what to do instead)
 CHAT = ("chat completions are not served: these models are plain language models trained on corpus text, with no "
@@ -131,6 +134,8 @@ def _bodies(cfg: Any, caps: dict[str, int]) -> dict[str, dict[str, Any]]:
         "404-v1-chat.json": openai_error(404, CHAT, kind="chat_not_supported"),
         "503.json": zoo_error(503, busy),
         "503-v1.json": openai_error(503, busy, kind="overloaded"),
+        "429.json": zoo_error(429, SHARE.format(n=cfg.client_requests)),
+        "429-v1.json": openai_error(429, SHARE.format(n=cfg.client_requests), kind="rate_limit_exceeded"),
     }
 
 
@@ -324,7 +329,7 @@ def render(cfg: Any, front: Path, sock_dir: Path, checkpoints: dict[str, Path], 
         max_request_bytes=cfg.max_request_bytes, max_uri=8192, max_headers=16384,
         max_text_bytes=caps["text"], max_json_bytes=caps["json"],
         maxconn=maxconn, global_maxconn=2 * maxconn + 100,
-        backend_maxconn=cfg.job_queue_size, retry_after=RETRY_AFTER_S,
+        backend_maxconn=cfg.job_queue_size, retry_after=RETRY_AFTER_S, client_requests=cfg.client_requests,
         model_names=" ".join(cfg.models), head_regex=HEAD_REGEX, errorfiles=_error_files(front),
         auth_rules=auth_rules, backend_auth=backend_auth, operator_auth=operator_auth,
         management_listen=f"{host}:{cfg.management_port}", metrics_listen=f"{host}:{cfg.metrics_port}")
