@@ -29,6 +29,13 @@ the hostile clients got, and the load average (the machine is shared: rerun on a
 Writes benchmarks/results/serving_fairness.json
 and .md (the main README's benchmarks section).
 
+Ceiling (``--ceiling``, one server with the defaults, through the front door): ``--ceiling-clients`` (16 and 64)
+clients each scoring one PTB sentence per request, back to back, on the native route and on ``/v1/completions``
+(echo, no new token, ``logprobs: 1``), each load just after its own in-process ceiling: ``Service.score`` on
+batches of as many one-sentence requests as the server has places (8), one torch thread as the worker, for half as
+long. The figure is the served requests/s as a share of that ceiling (target >= 0.85), per round and its median
+over ``--rounds``. Writes benchmarks/results/serving_ceiling.json and .md (the main README's benchmarks section).
+
 Writes benchmarks/results/serving.json and the markdown table next to it (serving.md), prints the table,
 then regenerates the READMEs (``python -m zoo.tools.readme``: the ``serving-benchmark`` section of
 serving/README.md). Clients and server share the machine, so absolute numbers depend on its load; the
@@ -38,6 +45,7 @@ on/off ratio is the comparable figure.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import platform
@@ -97,7 +105,9 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
     score one sentence per request (on ``/v1/completions`` of model ``completions`` where given: echo, no new token,
     the prompt's log-probabilities, as lm-eval's ``local-completions`` asks); ``generators`` more clients generate
     ``gen_tokens`` tokens per request. Each client connects from its own loopback address
-    (:func:`zoo.tools.ports.loopback_session`): the server tells clients apart by their address."""
+    (:func:`zoo.tools.ports.loopback_address`): the server tells clients apart by their address. The clients use
+    ``http.client`` (:func:`post_json`), not ``requests``: they share the machine's two cores with the server, and
+    ``requests`` costs several times the CPU per request."""
     lock = threading.Lock()
     latencies: list[float] = []
     batch_sizes: list[int] = []
@@ -110,8 +120,8 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
     target = url.rsplit("/predictions/", 1)[0] + "/v1/completions" if completions else url
 
     def client(idx: int, generate: bool) -> None:
-        http = ports.loopback_session(idx)
-        headers = {"Authorization": f"Bearer {key}"}
+        source = ports.loopback_address(idx)
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         i = idx
         while True:
             t0 = time.perf_counter()
@@ -127,12 +137,11 @@ def load(url: str, key: str, texts: list[str], clients: int, seconds: float, war
                 body = {"task": "score", "texts": [texts[i % len(texts)]]}
             i += clients + generators
             try:
-                r = http.post(target if not generate else url, json=body, headers=headers, timeout=120)
-                ok, note = r.status_code == 200, f"HTTP {r.status_code}"
-                batch = int(r.headers.get("X-Zoo-Batch-Size", 0))
-                tokens = r.json().get("num_tokens", 0) if ok and generate else 0
-                ok = ok and (not completions or generate or "choices" in r.json())
-            except (requests.RequestException, ValueError) as e:
+                status, batch, reply = post_json(url if generate else target, body, headers, source)
+                ok, note = status == 200, f"HTTP {status}"
+                tokens = reply.get("num_tokens", 0) if ok and generate else 0
+                ok = ok and (not completions or generate or "choices" in reply)
+            except (OSError, http.client.HTTPException, ValueError) as e:
                 ok, note, batch, tokens = False, type(e).__name__, 0, 0
             t1 = time.perf_counter()
             if t0 < start:  # warm-up requests are not counted
@@ -246,6 +255,22 @@ def ceiling_markdown(result: dict[str, Any]) -> str:
             f"{result['duration_s']:.0f} s per load, each just after its in-process ceiling (`Service.score` on "
             f"batches of {result['ceiling']['batch_size']} one-sentence requests, one thread, half as long); target: "
             "at least 0.85 of the ceiling:\n\n" + "\n".join(rows))
+
+
+def post_json(url: str, body: Any, headers: dict[str, str], source: str) -> tuple[int, int, Any]:
+    """POST a JSON body from local address ``source`` on a connection of its own (the front door closes each after
+    its reply): ``(status, X-Zoo-Batch-Size or 0, the decoded reply)``."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120, source_address=(source, 0))
+    try:
+        conn.request("POST", parts.path, body=json.dumps(body).encode(), headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        return r.status, int(r.getheader("X-Zoo-Batch-Size") or 0), json.loads(data) if data else None
+    finally:
+        conn.close()
 
 
 def honest_and_hostile(url: str, key: str, texts: list[str], seconds: float, hostile: Any,
@@ -500,7 +525,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per setting")
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--batch-size", type=int, default=8, help="batch size of the 'batching on' setting")
-    ap.add_argument("--max-batch-delay", type=int, default=10, help="ms, 'batching on' setting")
+    ap.add_argument("--max-batch-delay", type=int, default=ArchiveOptions.max_batch_delay,
+                    help="ms, 'batching on' setting")
     ap.add_argument("--threads", type=int, default=ArchiveOptions.threads,
                     help="torch threads per worker (0 = torch default)")
     ap.add_argument("--mixed-score-clients", type=int, default=4, help="score clients of the mixed load")
