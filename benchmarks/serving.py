@@ -27,7 +27,7 @@ answered 503 (all places for long work or generation taken) waits its ``Retry-Af
 honest p50 over their p50 alone (target <= 3x), the share of honest requests answered 200 (target 100%), what
 the hostile clients got, and the load average (the machine is shared: rerun on a quiet one before quoting).
 Writes benchmarks/results/serving_fairness.json
-and .md (the main README's benchmarks section).
+and .md (the docs' Benchmarks page, docs/results/benchmarks.md).
 
 Ceiling (``--ceiling``, one server with the defaults, through the front door): ``--ceiling-clients`` (16 and 64)
 clients each scoring one PTB sentence per request, back to back, on the native route and on ``/v1/completions``
@@ -35,7 +35,8 @@ clients each scoring one PTB sentence per request, back to back, on the native r
 mean): ``Service.score`` on batches of as many one-sentence requests as the server has places (8), one torch thread
 as the worker, a quarter as long each. The figure is the served requests/s as a share of that ceiling (target >=
 0.85), per round and its median
-over ``--rounds``. Writes benchmarks/results/serving_ceiling.json and .md (the main README's benchmarks section).
+over ``--rounds``. Writes benchmarks/results/serving_ceiling.json and .md (the docs' Benchmarks page,
+docs/results/benchmarks.md).
 
 Writes benchmarks/results/serving.json and the markdown table next to it (serving.md), prints the table,
 then regenerates the READMEs (``python -m zoo.tools.readme``: the ``serving-benchmark`` section of
