@@ -67,7 +67,8 @@ class Dialect(Protocol):
         """The results of several requests' one-step work (their :attr:`Work.together`), in order, computed in as
         few model calls as their size allows; an item that fails alone is its exception in the list (never raised).
         The results are what each request's ``steps`` would have returned (the numbers to float tolerance: rows
-        batched together, as the Python API batches a call's texts)."""
+        batched together, as the Python API batches a call's texts). Called only for work whose
+        :attr:`Work.together` is set: a dialect that never sets it needs no such method."""
 
     def content_type(self, request: Any) -> str:
         """The media type of a successful reply."""
