@@ -428,6 +428,21 @@ def _honest_latencies(server: Server, seconds: float, clients: int = 4) -> tuple
     return [t for ts, _ in results for t in ts], [c for _, cs in results for c in cs]
 
 
+def _honest_beside(server: Server, hostile: list[threading.Thread], stop: threading.Event, head_start: float,
+                   seconds: float, join_timeout: float) -> tuple[list[float], list[int]]:
+    """:func:`_honest_latencies` for ``seconds`` beside the ``hostile`` threads (started ``head_start`` seconds
+    before; told to ``stop`` and joined after, whatever happened)."""
+    for t in hostile:
+        t.start()
+    try:
+        time.sleep(head_start)
+        return _honest_latencies(server, seconds)
+    finally:
+        stop.set()
+        for t in hostile:
+            t.join(timeout=join_timeout)
+
+
 def _largest_score_request(server: Server) -> dict:
     """The largest score request the limits allow: texts at the character cap, up to the token budget."""
     words = " ".join(TEXTS).split()
@@ -573,14 +588,7 @@ def test_a_client_looping_the_largest_request_leaves_honest_clients_served(serve
         while not stop.is_set():
             hostile_replies.append(server.post(hostile))
 
-    looper = threading.Thread(target=loop, daemon=True)
-    looper.start()
-    try:
-        time.sleep(0.5)
-        beside, codes = _honest_latencies(server, 8)
-    finally:
-        stop.set()
-        looper.join(timeout=HTTP_TIMEOUT)
+    beside, codes = _honest_beside(server, [threading.Thread(target=loop, daemon=True)], stop, 0.5, 8, HTTP_TIMEOUT)
     assert codes and set(codes) == {200}, sorted(set(codes))
     ratio = _p50(beside) / _p50(alone)
     assert ratio <= 3, f"honest p50 {_p50(alone) * 1000:.0f} ms alone, {_p50(beside) * 1000:.0f} ms beside it"
@@ -631,15 +639,7 @@ def test_honest_clients_are_served_beside_each_hostile_class(server, name):
     hostiles = [(path, body) for path, body, clients, _ in mix for _ in range(clients)]
     threads = [threading.Thread(target=loop, args=(path, body, 100 + i), daemon=True)
                for i, (path, body) in enumerate(hostiles)]
-    for t in threads:
-        t.start()
-    try:
-        time.sleep(1.5)
-        beside, codes = _honest_latencies(server, 6)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=HTTP_TIMEOUT * 4)
+    beside, codes = _honest_beside(server, threads, stop, 1.5, 6, HTTP_TIMEOUT * 4)
     assert codes and set(codes) == {200}, (label, sorted(set(codes)))
     assert _p50(beside) <= 3 * _p50(alone), (label, _p50(alone), _p50(beside))
     allowed = {id(body): ok for _, body, _, ok in mix}
